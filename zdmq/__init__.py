@@ -1,0 +1,56 @@
+"""zdmq: a distributed message queue on a zero-hop distributed hash table.
+
+async with zdmq.Client.from_config("cluster.yaml") as c:
+    await c.create_queue("jobs")
+    await c.push("jobs", b"hello")
+    msg = await c.pop("jobs")
+"""
+
+from zdmq.client import CallStats, Client
+from zdmq.config import ClusterConfig, Limits, NodeConfig
+from zdmq.errors import (
+    BadRequest,
+    BatchTooLarge,
+    ConfigError,
+    InternalError,
+    InvalidMessage,
+    InvalidQueueName,
+    MessageTooLarge,
+    MethodNotAllowed,
+    Misrouted,
+    NodeUnavailable,
+    QueueExists,
+    QueueNotFound,
+    RouteNotFound,
+    StorageFailed,
+    ZdmqError,
+)
+from zdmq.models import Message, QueueStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadRequest",
+    "BatchTooLarge",
+    "CallStats",
+    "Client",
+    "ClusterConfig",
+    "ConfigError",
+    "InternalError",
+    "InvalidMessage",
+    "InvalidQueueName",
+    "Limits",
+    "Message",
+    "MessageTooLarge",
+    "MethodNotAllowed",
+    "Misrouted",
+    "NodeConfig",
+    "NodeUnavailable",
+    "QueueExists",
+    "QueueNotFound",
+    "QueueStats",
+    "RouteNotFound",
+    "StorageFailed",
+    "ZdmqError",
+    "__version__",
+]

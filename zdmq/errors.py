@@ -1,0 +1,161 @@
+"""Every error zdmq raises on purpose, one class per wire code.
+
+    ZdmqError                      base; `status`, `code`, `retriable`
+    ├── ConfigError                a bad cluster.yaml (never on the wire)
+    ├── BadRequest            400  malformed request
+    │   ├── InvalidQueueName  400
+    │   ├── InvalidMessage    400  bad body, encoding, id or JSON
+    │   └── BatchTooLarge     400  more messages than limits.max_batch_messages
+    ├── QueueNotFound         404
+    ├── RouteNotFound         404  no such endpoint
+    ├── MethodNotAllowed      405
+    ├── QueueExists           409
+    ├── MessageTooLarge       413  a body over limits.max_message_bytes
+    ├── Misrouted             421  a forwarded call reached a node that does not own the key
+    ├── NodeUnavailable       503  a node the call needs is down or timed out (retriable)
+    ├── StorageFailed         503  the node's storage refused a write (retriable elsewhere)
+    └── InternalError         500
+
+The server's middleware turns any of these into `{"error": {"code", "message"}}` with
+the class's status; the client turns the code back into the same class with `from_wire`.
+Callers retry on `retriable`, never on message text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "BadRequest",
+    "BatchTooLarge",
+    "ConfigError",
+    "InternalError",
+    "InvalidMessage",
+    "InvalidQueueName",
+    "MessageTooLarge",
+    "MethodNotAllowed",
+    "Misrouted",
+    "NodeUnavailable",
+    "QueueExists",
+    "QueueNotFound",
+    "RouteNotFound",
+    "StorageFailed",
+    "ZdmqError",
+    "error_classes",
+    "from_wire",
+]
+
+_BY_CODE: dict[str, type[ZdmqError]] = {}
+
+
+class ZdmqError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "error"
+    retriable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            assert cls.code not in _BY_CODE, f"duplicate error code {cls.code}"
+            _BY_CODE[cls.code] = cls
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.code)
+        self.message = message or self.code
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message}}
+
+
+class ConfigError(ZdmqError, ValueError):
+    code = "config_error"
+
+
+class BadRequest(ZdmqError):
+    status = 400
+    code = "bad_request"
+
+
+class InvalidQueueName(BadRequest):
+    code = "invalid_queue_name"
+
+
+class InvalidMessage(BadRequest):
+    code = "invalid_message"
+
+
+class BatchTooLarge(BadRequest):
+    code = "batch_too_large"
+
+
+class QueueNotFound(ZdmqError):
+    status = 404
+    code = "queue_not_found"
+
+
+class RouteNotFound(ZdmqError):
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(ZdmqError):
+    status = 405
+    code = "method_not_allowed"
+
+
+class QueueExists(ZdmqError):
+    status = 409
+    code = "queue_exists"
+
+
+class MessageTooLarge(ZdmqError):
+    status = 413
+    code = "message_too_large"
+
+
+class Misrouted(ZdmqError):
+    status = 421
+    code = "misrouted"
+
+
+class NodeUnavailable(ZdmqError):
+    status = 503
+    code = "node_unavailable"
+    retriable = True
+
+
+class StorageFailed(ZdmqError):
+    status = 503
+    code = "storage_failed"
+    retriable = True
+
+
+class InternalError(ZdmqError):
+    status = 500
+    code = "internal"
+
+
+def error_classes() -> dict[str, type[ZdmqError]]:
+    """Every wire code and its class (for tests and documentation)."""
+    return dict(_BY_CODE)
+
+
+def from_wire(status: int, payload: Any) -> ZdmqError:
+    """The typed error for a non-2xx reply; unknown codes fall back on the status."""
+    code, message = None, ""
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        code = payload["error"].get("code")
+        message = str(payload["error"].get("message", ""))
+    cls = _BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is None:
+        cls = {
+            400: BadRequest,
+            404: RouteNotFound,
+            405: MethodNotAllowed,
+            409: QueueExists,
+            413: MessageTooLarge,
+            421: Misrouted,
+            503: NodeUnavailable,
+        }.get(status, InternalError)
+        message = message or f"HTTP {status}"
+    return cls(message)

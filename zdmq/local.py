@@ -1,0 +1,243 @@
+"""Start, stop, kill, pause and restart node processes on this host.
+
+Used by `zdmq up`, `zdmq demo` and the test harness. Each node is a real
+`python -m zdmq.server` process; readiness is its `READY` line on stdout, never a
+sleep. `LocalCluster.ephemeral` binds every node's listening socket on 127.0.0.1:0
+here, writes a cluster file with the ports the kernel chose, and hands each socket
+down to its node (`--listen-fd`), so there is no window in which a port could be taken.
+The cluster keeps its copy of each socket for its whole life: a killed node's port
+stays bound (calls to it wait rather than being refused) until the node restarts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from zdmq.config import ClusterConfig
+
+__all__ = ["LocalCluster", "NodeProcess"]
+
+
+class NodeProcess:
+    def __init__(self, node_id: str, argv: list[str], log_path: Path, fd: int | None) -> None:
+        self.node_id = node_id
+        self.argv = argv
+        self.log_path = log_path
+        self.fd = fd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready = threading.Event()
+        self.url: str | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.ready.clear()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(self.fd,) if self.fd is not None else (),
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        finally:
+            log.close()
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            if line.startswith("READY "):
+                parts = line.split()
+                self.url = parts[2] if len(parts) > 2 else None
+                self.ready.set()
+        proc.stdout.close()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        # Wake up on READY, or notice the process died before it.
+        deadline_step = 0.05
+        waited = 0.0
+        while not self.ready.wait(deadline_step):
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"node {self.node_id} exited with {self.proc.returncode} before READY:\n"
+                    + self.log_tail()
+                )
+            waited += deadline_step
+            if waited >= timeout_s:
+                raise TimeoutError(
+                    f"node {self.node_id} not ready after {timeout_s}s:\n" + self.log_tail()
+                )
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout_s)
+
+
+class LocalCluster:
+    """The node processes of one cluster file, all on this host."""
+
+    def __init__(
+        self,
+        config_path: str | Path,
+        *,
+        node_ids: Iterable[str] | None = None,
+        sockets: dict[str, socket.socket] | None = None,
+        log_dir: Path | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        self.config_path = Path(config_path).resolve()
+        self.config = ClusterConfig.load(self.config_path)
+        self._sockets = sockets or {}
+        log_dir = log_dir or self.config.data_dir
+        ids = list(node_ids) if node_ids is not None else list(self.config.node_ids)
+        self.nodes: dict[str, NodeProcess] = {}
+        for node_id in ids:
+            sock = self._sockets.get(node_id)
+            argv = [python, "-m", "zdmq.server", "--config", str(self.config_path)]
+            argv += ["--node", node_id]
+            fd = None
+            if sock is not None:
+                fd = sock.fileno()
+                argv += ["--listen-fd", str(fd)]
+            self.nodes[node_id] = NodeProcess(node_id, argv, log_dir / f"{node_id}.log", fd)
+
+    @classmethod
+    def ephemeral(
+        cls,
+        directory: str | Path,
+        *,
+        nodes: int = 4,
+        replication: int = 2,
+        partitions: int = 256,
+        durability: str = "fsync",
+        **extra: Any,
+    ) -> LocalCluster:
+        """A fresh cluster in `directory` on loopback ports the kernel picks."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        sockets: dict[str, socket.socket] = {}
+        entries = []
+        for i in range(1, nodes + 1):
+            node_id = f"n{i}"
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+            s.listen(1024)
+            s.set_inheritable(True)
+            sockets[node_id] = s
+            entries.append({"id": node_id, "host": "127.0.0.1", "port": s.getsockname()[1]})
+        raw = {
+            "nodes": entries,
+            "replication": min(replication, nodes),
+            "partitions": partitions,
+            "data_dir": str(directory / "data"),
+            "durability": durability,
+            **extra,
+        }
+        path = directory / "cluster.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return cls(path, sockets=sockets, log_dir=directory / "logs")
+
+    # ---- verbs ---------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> LocalCluster:
+        for n in self.nodes.values():
+            if not n.running:
+                n.start()
+        for n in self.nodes.values():
+            n.wait_ready(timeout_s)
+        return self
+
+    def start_node(self, node_id: str, timeout_s: float = 60.0) -> None:
+        n = self.nodes[node_id]
+        n.start()
+        n.wait_ready(timeout_s)
+
+    def kill(self, node_id: str) -> None:
+        """SIGKILL: no shutdown code runs (a crash)."""
+        n = self.nodes[node_id]
+        n.signal(signal.SIGKILL)
+        n.wait(10)
+
+    def stop_node(self, node_id: str, timeout_s: float = 10.0) -> int | None:
+        n = self.nodes[node_id]
+        n.signal(signal.SIGTERM)
+        return n.wait(timeout_s)
+
+    def pause(self, node_id: str) -> None:
+        self.nodes[node_id].signal(signal.SIGSTOP)
+
+    def resume(self, node_id: str) -> None:
+        self.nodes[node_id].signal(signal.SIGCONT)
+
+    def restart(self, node_id: str, timeout_s: float = 60.0) -> None:
+        n = self.nodes[node_id]
+        if n.running:
+            self.stop_node(node_id)
+        self.start_node(node_id, timeout_s)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for n in self.nodes.values():
+            n.signal(signal.SIGCONT)
+            n.signal(signal.SIGTERM)
+        for n in self.nodes.values():
+            n.wait(timeout_s)
+
+    def close(self) -> None:
+        self.stop()
+        for s in self._sockets.values():
+            s.close()
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.config.node(i).url for i in self.nodes]
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,27 @@
+"""`python -m zdmq.server --config cluster.yaml --node n1`: run one node."""
+
+from __future__ import annotations
+
+import argparse
+
+from zdmq.config import ClusterConfig
+from zdmq.errors import ConfigError
+from zdmq.server.run import run_node
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m zdmq.server", description="Run one zdmq node.")
+    ap.add_argument("--config", default="cluster.yaml", help="cluster file (default cluster.yaml)")
+    ap.add_argument("--node", required=True, help="this node's id in the cluster file")
+    ap.add_argument("--listen-fd", type=int, help="serve on this inherited listening socket")
+    args = ap.parse_args(argv)
+    try:
+        config = ClusterConfig.load(args.config)
+        config.node(args.node)
+    except ConfigError as e:
+        raise SystemExit(f"zdmq node: {e}") from None
+    run_node(config, args.node, listen_fd=args.listen_fd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Runs one node process: open storage, serve HTTP, print READY, stop on a signal.
+
+The `READY <node> <url>` line on stdout is the readiness signal the CLI and the test
+harness wait for; nothing else is printed on stdout. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from zdmq.config import ClusterConfig
+from zdmq.server.app import make_app
+
+__all__ = ["run_loop", "run_node", "serve"]
+
+log = logging.getLogger("zdmq.node")
+
+
+async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = None) -> None:
+    me = config.node(node_id)
+    app = make_app(config, node_id)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site: web.BaseSite
+    if listen_fd is not None:
+        # The harness bound this socket on port 0 and passed it down: no port race.
+        site = web.SockSite(runner, socket.socket(fileno=listen_fd), shutdown_timeout=2.0)
+    else:
+        site = web.TCPSite(
+            runner, me.host, me.port, reuse_address=True, backlog=1024, shutdown_timeout=2.0
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise SystemExit(f"zdmq node {node_id}: cannot listen on {me.host}:{me.port}: {e}") from e
+    log.info("node %s serving %s (durability %s)", node_id, me.url, config.durability)
+    print(f"READY {node_id} {me.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        log.info("node %s stopping", node_id)
+        await runner.cleanup()
+
+
+def run_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Runs `main` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+
+
+def run_node(config: ClusterConfig, node_id: str, *, listen_fd: int | None = None) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s %(levelname)s node={node_id} %(name)s: %(message)s",
+    )
+    run_loop(lambda: serve(config, node_id, listen_fd=listen_fd))

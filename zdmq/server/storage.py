@@ -1,0 +1,283 @@
+"""Durable storage of a node's operations in SQLite (WAL), with group commit.
+
+The only module that opens files. The event loop hands operations to `submit`, which
+returns a future that resolves once they are committed; every operation submitted
+while a commit is in progress joins the next one, so concurrent requests share one
+transaction and one fsync. A reply goes out only after its future resolves.
+
+    durability: fsync   synchronous=FULL: the WAL is fsynced at every commit
+    durability: os      synchronous=OFF: written to the OS at every commit, not flushed
+    durability: memory  nothing is written (MemoryStorage)
+
+On open, `load` replays the tables into a fresh `NodeState`. If a commit fails the
+node's memory no longer matches its disk: storage marks itself failed, fails every
+later write with StorageFailed, and the node reports unhealthy rather than serve state
+it cannot keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from zdmq.errors import StorageFailed
+from zdmq.server.state import (
+    CreateQueue,
+    DropQueue,
+    NodeState,
+    Op,
+    Purge,
+    Push,
+    Register,
+    Remove,
+    Unregister,
+)
+
+__all__ = ["MemoryStorage", "SqliteStorage", "Storage", "open_storage"]
+
+log = logging.getLogger("zdmq.storage")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    id TEXT NOT NULL,
+    content_type TEXT,
+    body BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    incarnation TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS registrations (
+    queue TEXT NOT NULL,
+    node TEXT NOT NULL,
+    first_uuid TEXT NOT NULL,
+    registered_at REAL NOT NULL,
+    PRIMARY KEY (queue, node)
+);
+"""
+
+
+class Storage:
+    """The interface the node uses; `MemoryStorage` and `SqliteStorage` implement it."""
+
+    failed: str | None = None
+    commits = 0
+    ops_written = 0
+
+    def load(self) -> NodeState:
+        raise NotImplementedError
+
+    def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class MemoryStorage(Storage):
+    """`durability: memory`: state lives only in the process."""
+
+    def __init__(self) -> None:
+        self._done: asyncio.Future[None] | None = None
+
+    def load(self) -> NodeState:
+        return NodeState()
+
+    def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
+        if self._done is None:
+            self._done = asyncio.get_running_loop().create_future()
+            self._done.set_result(None)
+        self.ops_written += len(ops)
+        return self._done
+
+    async def close(self) -> None:
+        return None
+
+
+class SqliteStorage(Storage):
+    def __init__(self, path: Path, *, fsync: bool) -> None:
+        self.path = path
+        self._fsync = fsync
+        # One thread owns the connection: writes are serialized there, and the event
+        # loop never blocks on the disk.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zdmq-storage")
+        self._conn: sqlite3.Connection | None = None
+        self._pending: list[Op] = []
+        self._next: asyncio.Future[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # ---- open and recover --------------------------------------------------------------
+    def load(self) -> NodeState:
+        """Opens the database (creating it) and rebuilds the node state from it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return self._executor.submit(self._open_and_load).result()
+
+    def _open_and_load(self) -> NodeState:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'OFF'}")
+        conn.execute("PRAGMA temp_store=MEMORY")
+        conn.executescript(_SCHEMA)
+        self._conn = conn
+        state = NodeState()
+        for name, incarnation, created_at in conn.execute(
+            "SELECT name, incarnation, created_at FROM queues"
+        ):
+            state.apply(CreateQueue(name, incarnation, created_at))
+        for queue, node, first_uuid in conn.execute(
+            "SELECT queue, node, first_uuid FROM registrations ORDER BY registered_at"
+        ):
+            if queue in state.meta:
+                state.apply(Register(queue, node, first_uuid))
+        for seq, queue, mid, ctype, body in conn.execute(
+            "SELECT seq, queue, id, content_type, body FROM messages ORDER BY seq"
+        ):
+            state.apply(Push(queue, mid, seq, bytes(body), ctype))
+        return state
+
+    # ---- group commit ------------------------------------------------------------------
+    def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
+        if self.failed is not None:
+            raise StorageFailed(f"storage failed earlier: {self.failed}")
+        if self._writer is None:
+            self._wake = asyncio.Event()
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+        self._pending.extend(ops)
+        fut = self._next
+        if fut is None:
+            fut = self._next = asyncio.get_running_loop().create_future()
+        assert self._wake is not None
+        self._wake.set()
+        return fut
+
+    async def _write_loop(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                if self._closing:
+                    return
+                continue
+            ops, fut = self._pending, self._next
+            self._pending, self._next = [], None
+            assert fut is not None
+            try:
+                await loop.run_in_executor(self._executor, self._write, ops)
+            except Exception as e:  # the disk refused: memory and disk now disagree
+                self.failed = f"{type(e).__name__}: {e}"
+                log.critical("storage commit failed, refusing further writes: %s", self.failed)
+                if not fut.done():
+                    fut.set_exception(StorageFailed(self.failed))
+                if self._next is not None and not self._next.done():
+                    self._next.set_exception(StorageFailed(self.failed))
+                return
+            self.commits += 1
+            self.ops_written += len(ops)
+            if not fut.done():
+                fut.set_result(None)
+            if self._closing and not self._pending:
+                return
+
+    def _write(self, ops: list[Op]) -> None:
+        conn = self._conn
+        assert conn is not None
+        conn.execute("BEGIN")
+        try:
+            i, n = 0, len(ops)
+            while i < n:
+                # Consecutive ops of one kind go in one executemany.
+                kind = type(ops[i])
+                j = i + 1
+                while j < n and type(ops[j]) is kind:
+                    j += 1
+                _WRITERS[kind](conn, ops[i:j])
+                i = j
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._writer is not None and self._wake is not None:
+            self._wake.set()
+            await self._writer
+        if self._conn is not None:
+            conn = self._conn
+            self._conn = None
+            self._executor.submit(conn.close).result()
+        self._executor.shutdown(wait=True)
+
+
+def _w_push(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany(
+        "INSERT INTO messages (seq, queue, id, content_type, body) VALUES (?, ?, ?, ?, ?)",
+        [(op.seq, op.queue, op.id, op.content_type, op.body) for op in ops],
+    )
+
+
+def _w_remove(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany("DELETE FROM messages WHERE seq = ?", [(op.seq,) for op in ops])
+
+
+def _w_purge(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany("DELETE FROM messages WHERE seq = ?", [(s,) for op in ops for s in op.seqs])
+
+
+def _w_register(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    now = time.time()
+    conn.executemany(
+        "INSERT OR IGNORE INTO registrations (queue, node, first_uuid, registered_at) "
+        "VALUES (?, ?, ?, ?)",
+        [(op.queue, op.node, op.first_uuid, now) for op in ops],
+    )
+
+
+def _w_unregister(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany(
+        "DELETE FROM registrations WHERE queue = ? AND node = ?",
+        [(op.queue, op.node) for op in ops],
+    )
+
+
+def _w_create(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany(
+        "INSERT OR REPLACE INTO queues (name, incarnation, created_at) VALUES (?, ?, ?)",
+        [(op.queue, op.incarnation, op.created_at) for op in ops],
+    )
+
+
+def _w_drop(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    for op in ops:
+        conn.execute("DELETE FROM registrations WHERE queue = ?", (op.queue,))
+        conn.execute("DELETE FROM queues WHERE name = ?", (op.queue,))
+
+
+_WRITERS: dict[type, Callable[[sqlite3.Connection, Sequence[Any]], None]] = {
+    Push: _w_push,
+    Remove: _w_remove,
+    Purge: _w_purge,
+    Register: _w_register,
+    Unregister: _w_unregister,
+    CreateQueue: _w_create,
+    DropQueue: _w_drop,
+}
+
+
+def open_storage(durability: str, data_dir: Path) -> Storage:
+    if durability == "memory":
+        return MemoryStorage()
+    return SqliteStorage(data_dir / "zdmq.sqlite3", fsync=durability == "fsync")
