@@ -1,0 +1,47 @@
+"""Fixtures: real node processes on ephemeral loopback ports, and clients for them.
+
+`cluster4` is one 4-node `durability: fsync` cluster shared by a test module (tests use
+unique queue names); `make_cluster` builds a private cluster of any shape for a test
+that kills, restarts or needs its own layout. Both are real `python -m zdmq.server`
+processes started through `zdmq.local.LocalCluster`, waited for by their READY line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zdmq import Client
+from zdmq.local import LocalCluster
+
+
+@pytest.fixture(scope="module")
+def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster.ephemeral(tmp_path_factory.mktemp("cluster4"), nodes=4)
+    try:
+        yield c.start()
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    made: list[LocalCluster] = []
+
+    def make(**kw: Any) -> LocalCluster:
+        c = LocalCluster.ephemeral(tmp_path / f"cluster{len(made)}", **kw)
+        made.append(c)
+        return c.start()
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture
+async def client(cluster4: LocalCluster) -> AsyncIterator[Client]:
+    async with Client.from_config(cluster4.config_path) as c:
+        yield c

@@ -1,0 +1,356 @@
+"""The `zdmq` command: run nodes, inspect the cluster, push and pop, and the demo.
+
+    zdmq up      start every node of cluster.yaml on this host; Ctrl-C stops them
+    zdmq node    run one node (for a real multi-host deployment)
+    zdmq status  health of every node
+    zdmq queue   create | delete | list | stats
+    zdmq push    push a message (argument, file or stdin)
+    zdmq pop     pop messages and print them
+    zdmq demo    the README's main job: a local cluster, pushes and pops, a report
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
+
+import aiohttp
+
+from zdmq import _http
+from zdmq.client import Client
+from zdmq.config import ClusterConfig
+from zdmq.errors import ConfigError, NodeUnavailable, ZdmqError
+from zdmq.local import LocalCluster
+
+__all__ = ["main"]
+
+T = TypeVar("T")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="zdmq", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="cluster.yaml", help="cluster file (default: %(default)s)")
+    # `--config` is accepted after the command too: `zdmq up --config x.yaml`.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help="cluster file")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add = sub.add_parser
+
+    def add_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return _add(name, parents=[common], **kw)
+
+    sub.add_parser = add_parser  # type: ignore[method-assign]
+
+    sub.add_parser("up", help="start every node of the cluster file on this host")
+    p = sub.add_parser("node", help="run one node")
+    p.add_argument("--node", required=True, help="the node id in the cluster file")
+    p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    sub.add_parser("status", help="health of every node")
+
+    p = sub.add_parser("queue", help="create, delete, list or inspect queues")
+    qsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action in ("create", "delete", "stats"):
+        qsub.add_parser(action, parents=[common]).add_argument("queue")
+    qsub.add_parser("list", parents=[common])
+
+    p = sub.add_parser("push", help="push one message")
+    p.add_argument("queue")
+    p.add_argument("body", nargs="?", help="the body (default: read stdin)")
+    p.add_argument("--file", type=Path, help="read the body from this file")
+    p.add_argument("--content-type", help="the body's content type")
+
+    p = sub.add_parser("pop", help="pop messages and print their bodies")
+    p.add_argument("queue")
+    p.add_argument("-n", "--count", type=int, default=1, help="how many (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object a message")
+
+    p = sub.add_parser("demo", help="start the local cluster, push and pop, report")
+    p.add_argument("--messages", type=int, default=5000, help="how many (default %(default)s)")
+    p.add_argument("--concurrency", type=int, default=32, help="calls in flight (default 32)")
+
+    args = ap.parse_args(argv)
+    try:
+        config = ClusterConfig.load(args.config)
+        if args.command == "node":
+            from zdmq.server.run import run_node
+
+            config.node(args.node)
+            run_node(config, args.node, listen_fd=args.listen_fd)
+            return 0
+        if args.command == "up":
+            return _up(args.config)
+        if args.command == "demo":
+            return asyncio.run(_demo(args.config, config, args.messages, args.concurrency))
+        return asyncio.run(_COMMANDS[args.command](config, args))
+    except ConfigError as e:
+        print(f"zdmq: {e}", file=sys.stderr)
+        return 2
+    except ZdmqError as e:
+        print(f"zdmq: {e.code}: {e.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- up -----------------------------------------------------------------------------------
+def _up(config_path: str) -> int:
+    cluster = LocalCluster(config_path)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"zdmq: starting {len(cluster.nodes)} nodes from {cluster.config_path}", flush=True)
+    try:
+        cluster.start()
+    except (RuntimeError, TimeoutError) as e:
+        print(f"zdmq: {e}", file=sys.stderr)
+        cluster.stop()
+        return 1
+    listing = ", ".join(f"{n.node_id} {n.url}" for n in cluster.nodes.values())
+    print(f"zdmq: {len(cluster.nodes)} nodes ready: {listing} (Ctrl-C stops them)", flush=True)
+    status = 0
+    while not stop.wait(0.5):
+        dead = [n.node_id for n in cluster.nodes.values() if not n.running]
+        if dead:
+            print(f"zdmq: node(s) {', '.join(dead)} exited; stopping the rest", file=sys.stderr)
+            status = 1
+            break
+    cluster.stop()
+    print("zdmq: all nodes stopped", flush=True)
+    return status
+
+
+# ---- small commands -----------------------------------------------------------------------
+async def _status(config: ClusterConfig, args: argparse.Namespace) -> int:
+    down = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+
+        async def one(node_id: str, url: str) -> str:
+            nonlocal down
+            try:
+                h = (await _http.call(session, "GET", url + "/v1/health")).json()
+            except ZdmqError as e:
+                down += 1
+                return f"{node_id:<8} {url:<26} DOWN  {e.code}"
+            return (
+                f"{node_id:<8} {url:<26} {h['status'].upper():<5} "
+                f"messages={h['messages']} queues_owned={h['queues_owned']}"
+            )
+
+        lines = await asyncio.gather(*(one(n.id, n.url) for n in config.nodes))
+    print("\n".join(lines))
+    return 1 if down else 0
+
+
+async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
+    async with Client(config=config) as c:
+        if args.action == "create":
+            await c.create_queue(args.queue)
+            print(f"created {args.queue}")
+        elif args.action == "delete":
+            await c.delete_queue(args.queue)
+            print(f"deleted {args.queue}")
+        elif args.action == "list":
+            for q in await c.list_queues():
+                print(q)
+        else:
+            s = await c.stats(args.queue)
+            depth = " ".join(f"{n}={d}" for n, d in sorted(s.depth.items()))
+            print(f"{s.queue}: {s.messages} messages ({depth or 'empty'})")
+    return 0
+
+
+async def _push(config: ClusterConfig, args: argparse.Namespace) -> int:
+    if args.file is not None:
+        body: bytes = args.file.read_bytes()
+    elif args.body is not None:
+        body = args.body.encode("utf-8")
+    else:
+        body = sys.stdin.buffer.read()
+    async with Client(config=config) as c:
+        print(await c.push(args.queue, body, content_type=args.content_type))
+    return 0
+
+
+async def _pop(config: ClusterConfig, args: argparse.Namespace) -> int:
+    async with Client(config=config) as c:
+        for _ in range(args.count):
+            m = await c.pop(args.queue)
+            if m is None:
+                print("(empty)", file=sys.stderr)
+                return 0
+            if args.json:
+                text = m.body.decode("utf-8", "replace")
+                print(json.dumps({"id": m.id, "body": text, "content_type": m.content_type}))
+            else:
+                sys.stdout.buffer.write(m.body + b"\n")
+                sys.stdout.flush()
+    return 0
+
+
+_COMMANDS: dict[str, Callable[[ClusterConfig, argparse.Namespace], Awaitable[int]]] = {
+    "status": _status,
+    "queue": _queue,
+    "push": _push,
+    "pop": _pop,
+}
+
+
+# ---- demo ---------------------------------------------------------------------------------
+class _Progress:
+    """A one-line progress bar on stderr (a final line only when it is not a terminal)."""
+
+    def __init__(self, label: str, total: int, out: TextIO = sys.stderr) -> None:
+        self.label, self.total, self.out = label, total, out
+        self.done = 0
+        self.started = time.perf_counter()
+        self._last = 0.0
+        self._tty = out.isatty()
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if self._tty and (now - self._last > 0.1 or self.done >= self.total):
+            self._last = now
+            self.out.write("\r" + self._line(now))
+            self.out.flush()
+
+    def _line(self, now: float) -> str:
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * int(frac * 30)
+        rate = self.done / max(now - self.started, 1e-9)
+        return f"{self.label:<6} [{bar:<30}] {self.done:>6}/{self.total} {rate:>8,.0f} msg/s"
+
+    def finish(self) -> float:
+        now = time.perf_counter()
+        self.out.write(("\r" if self._tty else "") + self._line(now) + "\n")
+        self.out.flush()
+        return now - self.started
+
+
+async def _bounded(n: int, concurrency: int, job: Callable[[int], Awaitable[T]]) -> list[T]:
+    """Runs job(0..n-1) with at most `concurrency` in flight; results in order."""
+    results: list[Any] = [None] * n
+    next_i = 0
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < n:
+            i = next_i
+            next_i += 1
+            results[i] = await job(i)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, n))))
+    return results
+
+
+async def _cluster_is_up(config: ClusterConfig) -> list[bool]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+
+        async def up(url: str) -> bool:
+            try:
+                await _http.call(session, "GET", url + "/v1/health")
+            except NodeUnavailable:
+                return False
+            return True
+
+        return list(await asyncio.gather(*(up(n.url) for n in config.nodes)))
+
+
+async def _demo(config_path: str, config: ClusterConfig, n: int, concurrency: int) -> int:
+    if n < 1:
+        print("zdmq demo: --messages must be at least 1", file=sys.stderr)
+        return 2
+    up = await _cluster_is_up(config)
+    cluster: LocalCluster | None = None
+    if all(up):
+        print(f"demo: using the running cluster of {len(up)} nodes from {config_path}")
+    elif any(up):
+        print("zdmq demo: some nodes of the cluster answer and some do not:", file=sys.stderr)
+        print("  stop them or start the rest (`zdmq up`), then run the demo again", file=sys.stderr)
+        return 1
+    else:
+        cluster = LocalCluster(config_path)
+        print(f"demo: starting {len(cluster.nodes)} nodes from {cluster.config_path} ...")
+        t0 = time.perf_counter()
+        await asyncio.to_thread(cluster.start)
+        print(f"demo: cluster ready in {time.perf_counter() - t0:.1f}s: {', '.join(cluster.urls)}")
+    try:
+        return await _demo_run(config, n, concurrency)
+    finally:
+        if cluster is not None:
+            await asyncio.to_thread(cluster.stop)
+            print("demo: cluster stopped")
+
+
+async def _demo_run(config: ClusterConfig, n: int, concurrency: int) -> int:
+    queue = f"demo-{uuid.uuid4().hex[:8]}"
+    async with Client(config=config) as c:
+        await c.create_queue(queue)
+        print(f"demo: created queue {queue} (durability: {config.durability})")
+        bodies = [
+            json.dumps({"event": i, "user": f"u{i % 97}", "pad": "x" * 40}).encode() for i in range(n)
+        ]
+        bar = _Progress("push", n)
+
+        async def push(i: int) -> str:
+            msg_id = await c.push(queue, bodies[i], content_type="application/json")
+            bar.advance()
+            return msg_id
+
+        ids = await _bounded(n, concurrency, push)
+        push_s = bar.finish()
+        expected = dict(zip(ids, bodies, strict=True))
+
+        stats = await c.stats(queue)
+        print(f"demo: {stats.messages} messages stored; where they live:")
+        for node_id in c.nodes:
+            d = stats.depth.get(node_id, 0)
+            print(f"  {node_id:<6} {d:>6} {'#' * round(40 * d / max(n, 1))} {100 * d / n:.1f}%")
+
+        bar = _Progress("pop", n)
+        seen: Counter[str] = Counter()
+        wrong = 0
+
+        async def popper() -> None:
+            nonlocal wrong
+            while True:
+                m = await c.pop(queue)
+                if m is None:
+                    return
+                seen[m.id] += 1
+                if expected.get(m.id) != m.body:
+                    wrong += 1
+                bar.advance()
+
+        await asyncio.gather(*(popper() for _ in range(min(concurrency, 8))))
+        pop_s = bar.finish()
+        pops = c.calls["pop"]
+        await c.delete_queue(queue)
+
+    dup = sum(v - 1 for v in seen.values() if v > 1)
+    lost = sum(1 for i in ids if i not in seen)
+    print(
+        f"demo: pushed {n} in {push_s:.2f}s ({n / push_s:,.0f}/s), 1 call each; "
+        f"popped {sum(seen.values())} in {pop_s:.2f}s ({n / pop_s:,.0f}/s)"
+    )
+    print(
+        f"demo: pops made {pops.calls} calls for {pops.ops} pops "
+        f"({pops.calls_per_op:.3f} per pop; the last pops on emptying nodes cost more)"
+    )
+    ok = lost == 0 and dup == 0 and wrong == 0
+    print(f"demo: lost={lost} duplicates={dup} corrupted={wrong} -> {'OK' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
