@@ -279,7 +279,8 @@ class Client:
         validate_queue_name(queue)
         self._begin(op)
         tried: set[str] = set()
-        got = await self._pop_at(op, self._guess(queue), queue, limit, tried)
+        down: set[str] = set()
+        got = await self._pop_at(op, self._guess(queue), queue, limit, tried, down)
         if got:
             return got
         # The guess was empty: ask the metadata list (at most twice: a node it names
@@ -291,9 +292,14 @@ class Client:
             candidates = [n for n in listed if n not in tried] or listed
             random.shuffle(candidates)
             for node_id in candidates:
-                got = await self._pop_at(op, node_id, queue, limit, tried)
+                got = await self._pop_at(op, node_id, queue, limit, tried, down)
                 if got:
                     return got
+            if down.intersection(listed):
+                # Never call a queue empty while a node that may hold its messages is down.
+                raise NodeUnavailable(
+                    f"queue {queue!r}: listed node(s) {sorted(down)} did not answer"
+                )
             tried.clear()
         return []
 
@@ -307,17 +313,23 @@ class Client:
         return self.placement.owner(str(uuid.uuid4()))
 
     async def _pop_at(
-        self, op: str, node_id: str, queue: str, limit: int, tried: set[str]
+        self, op: str, node_id: str, queue: str, limit: int, tried: set[str], down: set[str]
     ) -> list[Message]:
-        reply = await self._call(
-            op,
-            node_id,
-            "POST",
-            f"/v1/queues/{queue}/pop",
-            params={"max": str(limit)},
-            headers=_ROUTE_LOCAL,
-        )
-        msgs = [message_from_wire(m) for m in reply.json()["messages"]]
+        """Pops at one node's UUID queue only; [] when it is empty or does not answer."""
+        try:
+            reply = await self._call(
+                op,
+                node_id,
+                "POST",
+                f"/v1/queues/{queue}/pop",
+                params={"max": str(limit)},
+                headers=_ROUTE_LOCAL,
+            )
+        except NodeUnavailable:
+            down.add(node_id)
+            msgs: list[Message] = []
+        else:
+            msgs = [message_from_wire(m) for m in reply.json()["messages"]]
         if not msgs:
             tried.add(node_id)
             cached = self._meta.get(queue)
