@@ -55,6 +55,9 @@ class QueueStats:
 def validate_queue_name(name: str) -> str:
     if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
         raise InvalidQueueName(f"queue name {name!r} must match [A-Za-z0-9_.-]{{1,128}}")
+    if name in (".", ".."):
+        # URL paths normalise these away: /v1/queues/.. could never reach the queue.
+        raise InvalidQueueName(f"queue name {name!r} is reserved (a URL path segment)")
     return name
 
 

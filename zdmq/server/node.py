@@ -239,7 +239,9 @@ class Node:
             await self.commit([op for _, _, op in popped])
             return [(mid, m) for mid, m, _ in popped]
         lq = self.state.queues.get(queue)
-        if lq is not None and lq.registered and not lq.ids:
+        # Registered or not: after a restart `registered` is False (runtime knowledge)
+        # while the owner's durable list may still name this node.
+        if lq is not None and not lq.ids:
             await self._drop_empty(queue)
         return []
 
@@ -247,7 +249,7 @@ class Node:
         """ZDMQ's empty step: drop the UUID queue, reset firstUUID, leave the metadata list."""
         async with self._locks[queue]:
             lq = self.state.queues.get(queue)
-            if lq is None or lq.ids or not lq.registered:
+            if lq is None or lq.ids:
                 return
             del self.state.queues[queue]
             try:
