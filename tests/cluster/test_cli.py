@@ -1,0 +1,124 @@
+"""The `zdmq` command against real node processes: the demo, queue, push, pop, status, up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import unique
+from zdmq.local import LocalCluster
+
+
+def zdmq(
+    *args: str, timeout_s: float = 120, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zdmq.cli", *args],
+        input=stdin.decode() if stdin is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_demo_on_a_running_cluster_pushes_and_pops_every_message_once(
+    cluster4: LocalCluster,
+) -> None:
+    r = zdmq("--config", str(cluster4.config_path), "demo", "--messages", "600")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "using the running cluster" in r.stdout
+    assert "lost=0 duplicates=0 corrupted=0 -> OK" in r.stdout
+    # It reports where the messages lived, one line per node.
+    for node_id in cluster4.config.node_ids:
+        assert f"  {node_id} " in r.stdout
+
+
+def test_queue_push_pop_and_status_commands_round_trip(cluster4: LocalCluster) -> None:
+    cfg = str(cluster4.config_path)
+    q = unique("cli")
+    assert zdmq("queue", "create", q, "--config", cfg).returncode == 0
+    again = zdmq("queue", "create", q, "--config", cfg)
+    assert again.returncode == 1 and "queue_exists" in again.stderr
+    pushed = zdmq("push", q, "hello from the cli", "--config", cfg)
+    assert pushed.returncode == 0, pushed.stderr
+    msg_id = pushed.stdout.strip()
+    from_stdin = zdmq("push", q, "--config", cfg, stdin=b"from stdin")
+    assert from_stdin.returncode == 0, from_stdin.stderr
+    stats = zdmq("queue", "stats", q, "--config", cfg)
+    assert stats.returncode == 0 and f"{q}: 2 messages" in stats.stdout
+    assert q in zdmq("queue", "list", "--config", cfg).stdout.split()
+    popped = zdmq("pop", q, "-n", "3", "--json", "--config", cfg)
+    assert popped.returncode == 0, popped.stderr
+    bodies = sorted(line for line in popped.stdout.splitlines())
+    assert len(bodies) == 2 and any(msg_id in b for b in bodies)
+    assert "(empty)" in popped.stderr
+    status = zdmq("status", "--config", cfg)
+    assert status.returncode == 0 and status.stdout.count(" OK ") == 4
+    assert zdmq("queue", "delete", q, "--config", cfg).returncode == 0
+    gone = zdmq("pop", q, "--config", cfg)
+    assert gone.returncode == 1 and "queue_not_found" in gone.stderr
+
+
+def test_a_bad_config_file_names_the_field_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("nodes:\n  - {id: n1, host: 127.0.0.1, port: nope}\n")
+    r = zdmq("--config", str(bad), "status")
+    assert r.returncode == 2 and "nodes[0].port" in r.stderr
+
+
+def _free_ports(n: int) -> list[int]:
+    # `zdmq up` binds the ports its file names, so this test has to name free ones: the
+    # kernel picks them, they are released, and `up` binds them. Another process could take
+    # one in between; the test then retries with new ports rather than flake.
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_up_starts_every_node_and_stops_them_all_on_sigterm(tmp_path: Path) -> None:
+    for attempt in range(3):
+        cfg = tmp_path / f"up{attempt}.yaml"
+        nodes = [
+            {"id": f"n{i + 1}", "host": "127.0.0.1", "port": p}
+            for i, p in enumerate(_free_ports(3))
+        ]
+        cfg.write_text(yaml.safe_dump({"nodes": nodes, "data_dir": str(tmp_path / "data")}))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "zdmq.cli", "up", "--config", str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        if "nodes ready" not in lines[1]:
+            proc.wait(30)
+            assert proc.stderr is not None
+            err = proc.stderr.read()
+            if "cannot listen" in err:
+                continue  # a port was taken between choosing and binding: try new ones
+            pytest.fail(f"zdmq up did not get ready: {lines} {err}")
+        assert "3 nodes ready" in lines[1]
+        status = zdmq("status", "--config", str(cfg))
+        assert status.returncode == 0 and status.stdout.count(" OK ") == 3
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert "all nodes stopped" in out
+        down = zdmq("status", "--config", str(cfg))
+        assert down.returncode == 1 and down.stdout.count("DOWN") == 3
+        return
+    pytest.fail("could not find free ports for zdmq up in 3 attempts")
