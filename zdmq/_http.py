@@ -48,10 +48,14 @@ async def call(
     if json is not None:
         data = dumps(json)
         headers = {**JSON_HEADERS, **(headers or {})}
-    timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s is not None else None
+    # Only override the session's timeout when asked: aiohttp reads `timeout=None` as
+    # "no timeout at all", which would let a call to a paused node wait forever.
+    extra: dict[str, Any] = {}
+    if timeout_s is not None:
+        extra["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
     try:
         async with session.request(
-            method, url, data=data, headers=headers, params=params, timeout=timeout
+            method, url, data=data, headers=headers, params=params, **extra
         ) as resp:
             body = await resp.read()
             status, resp_headers = resp.status, resp.headers

@@ -285,6 +285,7 @@ class Node:
         meta = await self.metadata_via_owner(queue)
         nodes = [e["node"] for e in meta["nodes"] if e["node"] != self.id]
         random.shuffle(nodes)
+        down: list[str] = []
         for node_id in nodes:
             try:
                 reply = await self.peer_call(
@@ -296,6 +297,7 @@ class Node:
                 )
             except NodeUnavailable as e:
                 log.warning("pop at %s failed: %s", node_id, e)
+                down.append(node_id)
                 continue
             msgs = reply.json()["messages"]
             if msgs:
@@ -311,6 +313,9 @@ class Node:
                     )
                     for m in msgs
                 ]
+        if down:
+            # Never call a queue empty while a node that may hold its messages is down.
+            raise NodeUnavailable(f"queue {queue!r}: listed node(s) {down} did not answer")
         return []
 
     async def metadata_via_owner(self, queue: str) -> dict[str, Any]:

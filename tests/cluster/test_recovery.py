@@ -1,0 +1,145 @@
+"""Crash recovery and the repair sweep, on private clusters of real node processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+
+from tests.cluster.support import error_code, placement_of, queue_owned_by
+from tests.helpers import unique, wait_until
+from zdmq import Client, Message, NodeUnavailable
+from zdmq.local import LocalCluster
+
+
+async def _drain(c: Client, queue: str) -> list[Message]:
+    got: list[Message] = []
+    while batch := await c.pop_many(queue, 100):
+        got.extend(batch)
+    return got
+
+
+async def test_acknowledged_messages_survive_kill_9_of_a_node_and_come_back_exactly_once(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = make_cluster(nodes=4)
+    q = unique("crash")
+    owner = placement_of(cluster).owner(q)
+    async with Client.from_config(cluster.config_path) as c:
+        await c.create_queue(q)
+        bodies = [i.to_bytes(4, "big") + os.urandom(96) for i in range(1_000)]
+        acked: dict[str, bytes] = {}
+        for i in range(0, len(bodies), 250):
+            chunk = bodies[i : i + 250]
+            acked.update(zip(await c.push_many(q, chunk), chunk, strict=True))
+        stats = await c.stats(q)
+        assert stats.messages == 1_000
+        # First the queue's metadata owner (it holds messages and the list), then a
+        # node that only holds messages.
+        victims = [owner, next(n for n in stats.nodes if n != owner)]
+
+        delivered: list[Message] = []  # the history: every delivery, in order
+        for victim in victims:
+            for _ in range(100):
+                m = await c.pop(q)
+                assert m is not None
+                delivered.append(m)
+            delivered.extend(await c.pop_many(q, 100))
+            before_crash = {m.id for m in delivered}
+
+            await asyncio.to_thread(cluster.kill, victim)
+            assert not cluster.nodes[victim].running
+            await asyncio.to_thread(cluster.restart, victim)
+
+            # The restarted node serves everything it acknowledged and nothing popped.
+            stats = await c.stats(q)
+            assert stats.messages == len(acked) - len(before_crash), stats
+
+        delivered.extend(await _drain(c, q))
+        assert await c.pop(q) is None
+        # Drained, the restarted nodes left the metadata list like any other: a pop on
+        # the empty queue stays within ZDMQ's worst case of 3 calls.
+        assert await c.metadata(q) == []
+    async with Client.from_config(cluster.config_path) as fresh:
+        assert await fresh.pop(q) is None
+        assert fresh.calls["pop"].calls <= 3, fresh.calls["pop"]
+
+    # The checker: nothing lost, nothing delivered twice, every body intact.
+    ids = [m.id for m in delivered]
+    duplicates = len(ids) - len(set(ids))
+    assert duplicates == 0, f"{duplicates} message(s) delivered twice (a popped one came back)"
+    lost = set(acked) - set(ids)
+    assert not lost, f"{len(lost)} acknowledged message(s) lost"
+    assert set(ids) <= set(acked)
+    assert all(acked[m.id] == m.body for m in delivered)
+
+
+async def test_the_repair_sweep_re_registers_a_node_whose_registration_was_lost(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    cluster = make_cluster(nodes=4, repair_interval_s=0.2)
+    q = unique("repair")
+    owner = placement_of(cluster).owner(q)
+    owner_url = cluster.config.node(owner).url
+    async with Client.from_config(cluster.config_path) as c:
+        await c.create_queue(q)
+        pushed = set(await c.push_many(q, [f"m{i}" for i in range(200)]))
+        stats = await c.stats(q)
+    lost = next(n for n in stats.nodes if n != owner)
+
+    async def metadata_nodes() -> list[str]:
+        async with http.get(f"{owner_url}/v1/queues/{q}/metadata") as r:
+            assert r.status == 200
+            return [e["node"] for e in (await r.json())["nodes"]]
+
+    async def repairs() -> int:
+        async with http.get(f"{owner_url}/v1/health") as r:
+            return int((await r.json())["counters"].get("repair_registrations", 0))
+
+    assert lost in await metadata_nodes()
+    assert await repairs() == 0  # every node registered itself on its first push
+
+    # Simulate a metadata update the owner lost, through the real internal endpoint.
+    async with http.post(
+        f"{owner_url}/v1/internal/queues/{q}/unregister",
+        json={"node": lost},
+        headers={"zdmq-forwarded": "test"},
+    ) as r:
+        assert r.status == 200, await r.text()
+
+    async def repaired() -> bool:
+        return await repairs() >= 1 and lost in await metadata_nodes()
+
+    await wait_until(repaired, timeout_s=10, what=f"the sweep to re-register {lost}")
+
+    async with Client.from_config(cluster.config_path) as fresh:
+        got = await _drain(fresh, q)
+    ids = [m.id for m in got]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == pushed
+
+
+async def test_calls_to_a_paused_node_fail_as_unavailable_within_the_timeout_not_hang(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    cluster = make_cluster(nodes=4, request_timeout_s=0.5)
+    paused, other = "n2", "n1"
+    q = queue_owned_by(placement_of(cluster), paused)
+    other_url = cluster.config.node(other).url
+    async with Client.from_config(cluster.config_path, timeout_s=0.5) as c:
+        await c.create_queue(q)
+        cluster.pause(paused)
+        try:
+            # A bound well above both timeouts: a hang fails here, not at pytest's limit.
+            async with asyncio.timeout(10):
+                with pytest.raises(NodeUnavailable):
+                    await c.stats(q)  # client -> paused metadata owner
+                async with http.get(f"{other_url}/v1/queues/{q}/metadata") as r:
+                    assert r.status == 503  # node -> paused owner, forwarded
+                    assert await error_code(r) == "node_unavailable"
+        finally:
+            cluster.resume(paused)
+        assert (await c.stats(q)).messages == 0

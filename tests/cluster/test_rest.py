@@ -1,0 +1,296 @@
+"""Every REST call behaves as documented through every node of a real 4-node cluster.
+
+Any node accepts any call and forwards it to the node that owns it; these tests use a
+plain HTTP session (no zdmq client, so no client-side routing) and loop over all nodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+
+import aiohttp
+
+from tests.cluster.support import MiB, error_code, id_owned_by, placement_of, queue_owned_by
+from tests.helpers import unique
+from zdmq.local import LocalCluster
+
+
+def _node_urls(cluster: LocalCluster) -> list[tuple[str, str]]:
+    return [(node_id, cluster.config.node(node_id).url) for node_id in cluster.nodes]
+
+
+async def _create(http: aiohttp.ClientSession, url: str, queue: str) -> None:
+    async with http.put(f"{url}/v1/queues/{queue}") as r:
+        assert r.status == 201, await r.text()
+
+
+async def test_queue_calls_create_list_get_delete_behave_as_listed_through_every_node(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    urls = _node_urls(cluster4)
+    placement = placement_of(cluster4)
+    for node_id, url in urls:
+        # A queue whose metadata lives elsewhere, so the create is forwarded.
+        other = next(n for n, _ in urls if n != node_id)
+        q = queue_owned_by(placement, other)
+
+        async with http.put(f"{url}/v1/queues/{q}") as r:
+            assert r.status == 201
+            assert await r.json() == {"queue": q}
+        for _, any_url in urls:
+            async with http.put(f"{any_url}/v1/queues/{q}") as r:
+                assert r.status == 409
+                assert await error_code(r) == "queue_exists"
+
+        for _, any_url in urls:
+            async with http.get(f"{any_url}/v1/queues") as r:
+                assert r.status == 200
+                listed = (await r.json())["queues"]
+                assert q in listed
+            async with http.get(f"{any_url}/v1/queues/{q}") as r:
+                assert r.status == 200
+                info = await r.json()
+                assert info["queue"] == q
+                assert info["messages"] == 0
+                assert info["nodes"] == []
+
+        async with http.delete(f"{url}/v1/queues/{q}") as r:
+            assert r.status == 204
+            assert await r.read() == b""
+        for _, any_url in urls:
+            async with http.delete(f"{any_url}/v1/queues/{q}") as r:
+                assert r.status == 404
+                assert await error_code(r) == "queue_not_found"
+            async with http.get(f"{any_url}/v1/queues/{q}") as r:
+                assert r.status == 404
+                assert await error_code(r) == "queue_not_found"
+            async with http.get(f"{any_url}/v1/queues") as r:
+                assert q not in (await r.json())["queues"]
+
+
+async def test_push_batch_and_pop_calls_behave_as_listed_through_every_node(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    for _, url in _node_urls(cluster4):
+        q = unique("rest")
+        await _create(http, url, q)
+        sent: dict[str, tuple[bytes, str]] = {}  # id -> (body, content type on pop)
+
+        # Single pushes take a raw body of any content type, or none at all.
+        raw_pushes: list[tuple[bytes, str | None]] = [
+            (b'{"k": [1, 2]}', "application/json"),
+            ("héllo wörld".encode(), "text/plain; charset=utf-8"),
+            (os.urandom(64), "image/png"),
+            (os.urandom(32), None),
+        ]
+        for body, ctype in raw_pushes:
+            headers = {"Content-Type": ctype} if ctype is not None else {}
+            async with http.post(f"{url}/v1/queues/{q}/messages", data=body, headers=headers) as r:
+                assert r.status == 201, await r.text()
+                reply = await r.json()
+                assert set(reply) == {"id"}
+                assert str(uuid.UUID(reply["id"])) == reply["id"]
+                sent[reply["id"]] = (body, ctype or "application/octet-stream")
+
+        binary = os.urandom(48)
+        batch = {
+            "messages": [
+                {"body": "batch text", "encoding": "utf-8"},
+                {"body": base64.b64encode(binary).decode(), "encoding": "base64"},
+                {"body": "<a/>", "encoding": "utf-8", "content_type": "application/xml"},
+            ]
+        }
+        async with http.post(f"{url}/v1/queues/{q}/batch", json=batch) as r:
+            assert r.status == 201, await r.text()
+            reply = await r.json()
+            assert set(reply) == {"ids"}
+            assert len(reply["ids"]) == 3 == len(set(reply["ids"]))
+            ids = reply["ids"]
+        sent[ids[0]] = (b"batch text", "application/octet-stream")
+        sent[ids[1]] = (binary, "application/octet-stream")
+        sent[ids[2]] = (b"<a/>", "application/xml")
+
+        got: dict[str, tuple[bytes, str]] = {}
+        # A single pop returns the raw body with its Content-Type and the zdmq-id header.
+        for _ in range(3):
+            async with http.post(f"{url}/v1/queues/{q}/pop") as r:
+                assert r.status == 200, await r.text()
+                mid = r.headers["zdmq-id"]
+                assert mid not in got
+                got[mid] = (await r.read(), r.headers["Content-Type"])
+        # ?max=N returns a JSON list.
+        async with http.post(f"{url}/v1/queues/{q}/pop", params={"max": "100"}) as r:
+            assert r.status == 200
+            msgs = (await r.json())["messages"]
+        # One pop drains one node; keep popping until the cluster has no more.
+        while msgs:
+            for m in msgs:
+                assert m["id"] not in got
+                body = base64.b64decode(m["body"]) if m["encoding"] == "base64" else None
+                if body is None:
+                    assert m["encoding"] == "utf-8"
+                    body = m["body"].encode()
+                got[m["id"]] = (body, m.get("content_type") or "application/octet-stream")
+            async with http.post(f"{url}/v1/queues/{q}/pop", params={"max": "100"}) as r:
+                assert r.status == 200
+                msgs = (await r.json())["messages"]
+        assert got == sent
+
+        async with http.post(f"{url}/v1/queues/{q}/pop") as r:
+            assert r.status == 204
+            assert await r.read() == b""
+        async with http.post(f"{url}/v1/queues/{q}/pop", params={"max": "5"}) as r:
+            assert r.status == 200
+            assert await r.json() == {"messages": []}
+
+
+async def test_health_answers_ok_on_every_node(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    for node_id, url in _node_urls(cluster4):
+        async with http.get(f"{url}/v1/health") as r:
+            assert r.status == 200
+            health = await r.json()
+            assert health["node"] == node_id
+            assert health["status"] == "ok"
+
+
+async def test_empty_and_one_mebibyte_bodies_round_trip_through_non_owner_nodes(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    urls = _node_urls(cluster4)
+    placement = placement_of(cluster4)
+    for i, (node_id, url) in enumerate(urls):
+        q = unique("big")
+        await _create(http, url, q)
+        # Ids owned by the next node: the node we call must forward the push.
+        owner = urls[(i + 1) % len(urls)][0]
+        assert owner != node_id
+        bodies = {
+            id_owned_by(placement, owner): b"",
+            id_owned_by(placement, owner): os.urandom(MiB),
+        }
+        for mid, body in bodies.items():
+            async with http.post(
+                f"{url}/v1/queues/{q}/messages",
+                data=body,
+                headers={"zdmq-id": mid, "Content-Type": "application/octet-stream"},
+            ) as r:
+                assert r.status == 201, await r.text()
+                assert await r.json() == {"id": mid}
+
+        # Popped through a third node, which holds none of them: a routed pop.
+        pop_url = urls[(i + 2) % len(urls)][1]
+        got: dict[str, bytes] = {}
+        for _ in bodies:
+            async with http.post(f"{pop_url}/v1/queues/{q}/pop") as r:
+                assert r.status == 200, await r.text()
+                got[r.headers["zdmq-id"]] = await r.read()
+        assert got == bodies
+        async with http.post(f"{pop_url}/v1/queues/{q}/pop") as r:
+            assert r.status == 204
+
+
+async def test_a_body_one_byte_over_a_mebibyte_is_refused_with_413_on_every_node(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    urls = _node_urls(cluster4)
+    q = unique("toolarge")
+    await _create(http, urls[0][1], q)
+    too_big = os.urandom(MiB + 1)
+    for _, url in urls:
+        async with http.post(
+            f"{url}/v1/queues/{q}/messages",
+            data=too_big,
+            headers={"Content-Type": "application/octet-stream"},
+        ) as r:
+            assert r.status == 413
+            assert await error_code(r) == "message_too_large"
+        batch = {"messages": [{"body": base64.b64encode(too_big).decode(), "encoding": "base64"}]}
+        async with http.post(f"{url}/v1/queues/{q}/batch", json=batch) as r:
+            assert r.status == 413
+            assert await error_code(r) == "message_too_large"
+    async with http.get(f"{urls[0][1]}/v1/queues/{q}") as r:
+        assert (await r.json())["messages"] == 0
+
+
+async def test_invalid_queue_names_are_refused_with_400_on_every_node(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    bad_names = ["has space", "x" * 129, "semi;colon", "ümlaut", "star*"]
+    calls = [
+        ("PUT", ""),
+        ("GET", ""),
+        ("DELETE", ""),
+        ("GET", "/metadata"),
+        ("POST", "/messages"),
+        ("POST", "/batch"),
+        ("POST", "/pop"),
+    ]
+    for _, url in _node_urls(cluster4):
+        for name in bad_names:
+            for method, suffix in calls:
+                json = {"messages": [{"body": "x"}]} if suffix == "/batch" else None
+                async with http.request(
+                    method,
+                    f"{url}/v1/queues/{name}{suffix}",
+                    data=b"x" if json is None else None,
+                    json=json,
+                ) as r:
+                    assert r.status == 400, (method, suffix, name, await r.text())
+                    assert await error_code(r) == "invalid_queue_name"
+
+
+async def test_pops_and_pushes_on_a_deleted_queue_give_404_on_every_node(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    urls = _node_urls(cluster4)
+    q = unique("deleted")
+    await _create(http, urls[0][1], q)
+    for _, url in urls:
+        async with http.post(f"{url}/v1/queues/{q}/messages", data=b"gone soon") as r:
+            assert r.status == 201
+    async with http.delete(f"{urls[1][1]}/v1/queues/{q}") as r:
+        assert r.status == 204
+    for _, url in urls:
+        for params in ({}, {"max": "10"}):
+            async with http.post(f"{url}/v1/queues/{q}/pop", params=params) as r:
+                assert r.status == 404, await r.text()
+                assert await error_code(r) == "queue_not_found"
+        async with http.post(f"{url}/v1/queues/{q}/messages", data=b"late") as r:
+            assert r.status == 404, await r.text()
+            assert await error_code(r) == "queue_not_found"
+        async with http.post(
+            f"{url}/v1/queues/{q}/batch", json={"messages": [{"body": "late"}]}
+        ) as r:
+            assert r.status == 404, await r.text()
+            assert await error_code(r) == "queue_not_found"
+
+
+async def test_a_message_stored_on_one_node_is_popped_through_any_other_node(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    urls = _node_urls(cluster4)
+    placement = placement_of(cluster4)
+    for a_id, a_url in urls:
+        for b_id, b_url in urls:
+            if a_id == b_id:
+                continue
+            q = unique("route")
+            await _create(http, b_url, q)
+            # Pushed through A and stored on A; B holds nothing of this queue.
+            mid, body = id_owned_by(placement, a_id), os.urandom(100)
+            async with http.post(
+                f"{a_url}/v1/queues/{q}/messages", data=body, headers={"zdmq-id": mid}
+            ) as r:
+                assert r.status == 201
+            async with http.get(f"{b_url}/v1/queues/{q}") as r:
+                assert (await r.json())["depth"] == {a_id: 1}
+            async with http.post(f"{b_url}/v1/queues/{q}/pop") as r:
+                assert r.status == 200, await r.text()
+                assert r.headers["zdmq-id"] == mid
+                assert await r.read() == body
+            async with http.post(f"{b_url}/v1/queues/{q}/pop") as r:
+                assert r.status == 204
