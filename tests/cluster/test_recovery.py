@@ -9,7 +9,7 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 
-from tests.cluster.support import error_code, placement_of, queue_owned_by
+from tests.cluster.support import error_code, id_owned_by, placement_of, queue_owned_by
 from tests.helpers import unique, wait_until
 from zdmq import Client, Message, NodeUnavailable
 from zdmq.local import LocalCluster
@@ -143,3 +143,35 @@ async def test_calls_to_a_paused_node_fail_as_unavailable_within_the_timeout_not
         finally:
             cluster.resume(paused)
         assert (await c.stats(q)).messages == 0
+
+
+async def test_pops_never_call_a_queue_empty_while_a_node_holding_it_is_down(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    cluster = make_cluster(nodes=4, request_timeout_s=0.5)
+    placement = placement_of(cluster)
+    holder, owner, entry = "n3", "n1", "n2"
+    q = queue_owned_by(placement, owner)
+    async with Client.from_config(cluster.config_path, timeout_s=0.5) as c:
+        await c.create_queue(q)
+        async with http.post(
+            f"{cluster.config.node(entry).url}/v1/queues/{q}/messages",
+            data=b"only on the holder",
+            headers={"zdmq-id": id_owned_by(placement, holder)},
+        ) as r:
+            assert r.status == 201
+        cluster.pause(holder)
+        try:
+            async with asyncio.timeout(10):
+                # The Python client: the holder is listed but silent -> unavailable.
+                with pytest.raises(NodeUnavailable):
+                    while True:
+                        assert await c.pop(q) is None
+                # A REST caller through another node: 503, not 204.
+                async with http.post(f"{cluster.config.node(entry).url}/v1/queues/{q}/pop") as r:
+                    assert r.status == 503
+                    assert await error_code(r) == "node_unavailable"
+        finally:
+            cluster.resume(holder)
+        # Not asserted: where the message went next. The pops abandoned above sat in the
+        # paused node's socket and run when it resumes; pop is at-most-once by design.

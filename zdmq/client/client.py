@@ -212,7 +212,8 @@ class Client:
             op, self.placement.owner(queue), "GET", f"/v1/queues/{queue}/metadata"
         )
         nodes = [e["node"] for e in reply.json()["nodes"] if e["node"] in self._urls]
-        self._meta[queue] = (time.monotonic(), nodes)
+        # The cache keeps its own list: pops prune it as nodes turn out empty.
+        self._meta[queue] = (time.monotonic(), list(nodes))
         return nodes
 
     # ---- push ----------------------------------------------------------------------

@@ -31,6 +31,7 @@ from zdmq.errors import (
     MessageTooLarge,
     MethodNotAllowed,
     Misrouted,
+    NodeUnavailable,
     RouteNotFound,
     ZdmqError,
 )
@@ -309,6 +310,10 @@ async def pop(request: web.Request) -> web.Response:
     node, queue = request.app[NODE], _queue(request)
     batch = "max" in request.query
     limit = _int_param(request, "max", 1, 1, node.config.limits.max_batch_messages)
+    if request.transport is None or request.transport.is_closing():
+        # The caller hung up (a pop that timed out while it waited in the socket's queue):
+        # removing messages now would hand them to nobody.
+        raise NodeUnavailable("the caller closed the connection before the pop ran")
     if request.headers.get(ROUTE_HEADER) == "local" or _forwarded(request):
         got = await node.pop_local(queue, limit)
     else:
