@@ -23,6 +23,7 @@ __all__ = ["ClusterConfig", "Durability", "Limits", "NodeConfig"]
 
 Durability = Literal["fsync", "os", "memory"]
 _DURABILITIES: tuple[str, ...] = ("fsync", "os", "memory")
+_LIMIT_FIELDS = ("max_batch_messages", "max_message_bytes", "max_queues", "max_request_bytes")
 _NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -53,12 +54,10 @@ class Limits:
 
     max_message_bytes: int = 1024 * 1024
     max_batch_messages: int = 1000
+    # Per metadata owner: the queues whose metadata lists one node keeps.
     max_queues: int = 100_000
-
-    @property
-    def max_request_bytes(self) -> int:
-        # A batch carries base64 (4/3) inside JSON; leave room for the envelope.
-        return self.max_batch_messages * 256 + 2 * self.max_message_bytes + 65536
+    # One request body (a batch travels as JSON, base64 bodies grow by 4/3).
+    max_request_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +167,7 @@ class ClusterConfig:
                 "max_message_bytes": self.limits.max_message_bytes,
                 "max_batch_messages": self.limits.max_batch_messages,
                 "max_queues": self.limits.max_queues,
+                "max_request_bytes": self.limits.max_request_bytes,
             },
             "repair_interval_s": self.repair_interval_s,
             "request_timeout_s": self.request_timeout_s,
@@ -210,16 +210,20 @@ def _limits(raw: Any) -> Limits:
     if not isinstance(raw, Mapping):
         raise ConfigError("limits: expected a mapping")
     for key in raw:
-        if key not in ("max_message_bytes", "max_batch_messages", "max_queues"):
-            raise ConfigError(
-                f"limits.{key}: unknown field "
-                "(known: max_batch_messages, max_message_bytes, max_queues)"
-            )
-    return Limits(
+        if key not in _LIMIT_FIELDS:
+            raise ConfigError(f"limits.{key}: unknown field (known: {', '.join(_LIMIT_FIELDS)})")
+    limits = Limits(
         max_message_bytes=_int(raw, "max_message_bytes", 1 << 20, 1, 64 << 20, "limits."),
         max_batch_messages=_int(raw, "max_batch_messages", 1000, 1, 100_000, "limits."),
         max_queues=_int(raw, "max_queues", 100_000, 1, 10_000_000, "limits."),
+        max_request_bytes=_int(raw, "max_request_bytes", 16 << 20, 1024, 1 << 30, "limits."),
     )
+    if limits.max_request_bytes < 2 * limits.max_message_bytes:
+        raise ConfigError(
+            "limits.max_request_bytes: must be at least twice max_message_bytes "
+            f"({2 * limits.max_message_bytes}) so that one message fits in a JSON batch"
+        )
+    return limits
 
 
 def _int(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefix: str = "") -> int:

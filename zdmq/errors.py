@@ -10,6 +10,8 @@
     ├── RouteNotFound         404  no such endpoint
     ├── MethodNotAllowed      405
     ├── QueueExists           409
+    ├── QueueLimitReached     409  the metadata owner keeps limits.max_queues queues already
+    ├── MessageIdConflict     409  a caller-chosen id is stored in another queue
     ├── MessageTooLarge       413  a body over limits.max_message_bytes
     ├── Misrouted             421  a forwarded call reached a node that does not own the key
     ├── NodeUnavailable       503  a node the call needs is down or timed out (retriable)
@@ -32,11 +34,13 @@ __all__ = [
     "InternalError",
     "InvalidMessage",
     "InvalidQueueName",
+    "MessageIdConflict",
     "MessageTooLarge",
     "MethodNotAllowed",
     "Misrouted",
     "NodeUnavailable",
     "QueueExists",
+    "QueueLimitReached",
     "QueueNotFound",
     "RouteNotFound",
     "StorageFailed",
@@ -106,6 +110,16 @@ class MethodNotAllowed(ZdmqError):
 class QueueExists(ZdmqError):
     status = 409
     code = "queue_exists"
+
+
+class QueueLimitReached(ZdmqError):
+    status = 409
+    code = "queue_limit_reached"
+
+
+class MessageIdConflict(ZdmqError):
+    status = 409
+    code = "message_id_conflict"
 
 
 class MessageTooLarge(ZdmqError):

@@ -19,7 +19,7 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +44,8 @@ __all__ = ["Body", "CallStats", "Client"]
 
 Body = bytes | bytearray | memoryview | str
 _ROUTE_LOCAL = {"zdmq-route": "local"}
+# Also tells the node it was picked from the metadata list (an empty one then leaves it).
+_ROUTE_LISTED = {"zdmq-route": "local", "zdmq-listed": "1"}
 _TEXT = "text/plain; charset=utf-8"
 _OCTET = "application/octet-stream"
 
@@ -85,6 +87,7 @@ class Client:
         self._urls: dict[str, str] = {}
         self._placement: Placement | None = None
         self._max_batch = 1000
+        self._max_request_bytes = 16 << 20
         self._meta: dict[str, tuple[float, list[str]]] = {}
         self.calls: defaultdict[str, CallStats] = defaultdict(CallStats)
 
@@ -120,6 +123,7 @@ class Client:
                 c = self._config
                 self._layout([(n.id, n.url) for n in c.nodes], c.partitions, c.replication)
                 self._max_batch = c.limits.max_batch_messages
+                self._max_request_bytes = c.limits.max_request_bytes
             else:
                 await self._discover()
         except BaseException:
@@ -150,7 +154,9 @@ class Client:
                 int(info["partitions"]),
                 int(info["replication"]),
             )
-            self._max_batch = int(info.get("limits", {}).get("max_batch_messages", 1000))
+            limits = info.get("limits", {})
+            self._max_batch = int(limits.get("max_batch_messages", self._max_batch))
+            self._max_request_bytes = int(limits.get("max_request_bytes", self._max_request_bytes))
             return
         raise NodeUnavailable(f"no node answered at {self._seed_urls}: {last}")
 
@@ -234,33 +240,36 @@ class Client:
         return msg_id
 
     async def push_many(self, queue: str, bodies: Iterable[Body]) -> list[str]:
-        """Pushes a batch: one call per owning node (per batch limit), in parallel."""
+        """Pushes a batch: one call per owning node, in parallel.
+
+        Each node's part is split further only where it passes the batch limits
+        (`max_batch_messages` messages, `max_request_bytes` bytes of JSON).
+        """
         validate_queue_name(queue)
         self._begin("push_many")
         ids: list[str] = []
-        by_owner: defaultdict[str, list[dict[str, str]]] = defaultdict(list)
+        by_owner: defaultdict[str, list[bytes]] = defaultdict(list)
         for body in bodies:
             data, ctype = _bytes(body, None)
             msg_id = new_message_id()
             ids.append(msg_id)
             text, encoding = encode_body(data)
             item = {"id": msg_id, "body": text, "encoding": encoding}
-            if ctype != _OCTET and ctype != _TEXT:
+            if ctype != _OCTET:
                 item["content_type"] = ctype
-            by_owner[self.placement.owner(msg_id)].append(item)
-        calls = []
-        for owner, items in by_owner.items():
-            for i in range(0, len(items), self._max_batch):
-                chunk = items[i : i + self._max_batch]
-                calls.append(
-                    self._call(
-                        "push_many",
-                        owner,
-                        "POST",
-                        f"/v1/queues/{queue}/batch",
-                        json={"messages": chunk},
-                    )
-                )
+            by_owner[self.placement.owner(msg_id)].append(_http.dumps(item))
+        calls = [
+            self._call(
+                "push_many",
+                owner,
+                "POST",
+                f"/v1/queues/{queue}/batch",
+                data=chunk,
+                headers=_http.JSON_HEADERS,
+            )
+            for owner, items in by_owner.items()
+            for chunk in _batches(items, self._max_batch, self._max_request_bytes)
+        ]
         await asyncio.gather(*calls)
         return ids
 
@@ -281,7 +290,8 @@ class Client:
         self._begin(op)
         tried: set[str] = set()
         down: set[str] = set()
-        got = await self._pop_at(op, self._guess(queue), queue, limit, tried, down)
+        guess, from_list = self._guess(queue)
+        got = await self._pop_at(op, guess, queue, limit, tried, down, listed=from_list)
         if got:
             return got
         # The guess was empty: ask the metadata list (at most twice: a node it names
@@ -293,7 +303,7 @@ class Client:
             candidates = [n for n in listed if n not in tried] or listed
             random.shuffle(candidates)
             for node_id in candidates:
-                got = await self._pop_at(op, node_id, queue, limit, tried, down)
+                got = await self._pop_at(op, node_id, queue, limit, tried, down, listed=True)
                 if got:
                     return got
             if down.intersection(listed):
@@ -304,17 +314,26 @@ class Client:
             tried.clear()
         return []
 
-    def _guess(self, queue: str) -> str:
+    def _guess(self, queue: str) -> tuple[str, bool]:
+        """The node to try first, and whether it came from the metadata list."""
         cached = self._meta.get(queue)
         if cached is not None:
             fetched_at, nodes = cached
             if nodes and time.monotonic() - fetched_at < self._metadata_ttl_s:
-                return random.choice(nodes)
+                return random.choice(nodes), True
         # ZDMQ: a fresh UUID hashes to a random node.
-        return self.placement.owner(str(uuid.uuid4()))
+        return self.placement.owner(str(uuid.uuid4())), False
 
     async def _pop_at(
-        self, op: str, node_id: str, queue: str, limit: int, tried: set[str], down: set[str]
+        self,
+        op: str,
+        node_id: str,
+        queue: str,
+        limit: int,
+        tried: set[str],
+        down: set[str],
+        *,
+        listed: bool,
     ) -> list[Message]:
         """Pops at one node's UUID queue only; [] when it is empty or does not answer."""
         try:
@@ -324,7 +343,7 @@ class Client:
                 "POST",
                 f"/v1/queues/{queue}/pop",
                 params={"max": str(limit)},
-                headers=_ROUTE_LOCAL,
+                headers=_ROUTE_LISTED if listed else _ROUTE_LOCAL,
             )
         except NodeUnavailable:
             down.add(node_id)
@@ -337,6 +356,19 @@ class Client:
             if cached is not None and node_id in cached[1]:
                 cached[1].remove(node_id)
         return msgs
+
+
+def _batches(items: list[bytes], max_count: int, max_bytes: int) -> Iterator[bytes]:
+    """JSON batch bodies of pre-encoded items, each within both limits."""
+    envelope = len(b'{"messages":[]}')
+    start, size = 0, envelope
+    for i, item in enumerate(items):
+        if i > start and (i - start >= max_count or size + len(item) + 1 > max_bytes):
+            yield b'{"messages":[' + b",".join(items[start:i]) + b"]}"
+            start, size = i, envelope
+        size += len(item) + 1
+    if start < len(items):
+        yield b'{"messages":[' + b",".join(items[start:]) + b"]}"
 
 
 def _bytes(body: Body, content_type: str | None) -> tuple[bytes, str]:

@@ -42,7 +42,7 @@ from zdmq.models import (
     validate_message_id,
     validate_queue_name,
 )
-from zdmq.server.node import FORWARDED_HEADER, ROUTE_HEADER, Node, PushItem
+from zdmq.server.node import FORWARDED_HEADER, LISTED_HEADER, ROUTE_HEADER, Node, PushItem
 from zdmq.server.storage import open_storage
 
 __all__ = ["NODE", "make_app"]
@@ -175,6 +175,7 @@ async def cluster(request: web.Request) -> web.Response:
             "limits": {
                 "max_message_bytes": config.limits.max_message_bytes,
                 "max_batch_messages": config.limits.max_batch_messages,
+                "max_request_bytes": config.limits.max_request_bytes,
             },
         }
     )
@@ -315,7 +316,7 @@ async def pop(request: web.Request) -> web.Response:
         # removing messages now would hand them to nobody.
         raise NodeUnavailable("the caller closed the connection before the pop ran")
     if request.headers.get(ROUTE_HEADER) == "local" or _forwarded(request):
-        got = await node.pop_local(queue, limit)
+        got = await node.pop_local(queue, limit, listed=LISTED_HEADER in request.headers)
     else:
         got = await node.routed_pop(queue, limit)
     if batch:

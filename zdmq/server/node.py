@@ -29,7 +29,15 @@ import aiohttp
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
-from zdmq.errors import InvalidMessage, NodeUnavailable, QueueExists, QueueNotFound, ZdmqError
+from zdmq.errors import (
+    MessageIdConflict,
+    NodeUnavailable,
+    QueueExists,
+    QueueLimitReached,
+    QueueNotFound,
+    StorageFailed,
+    ZdmqError,
+)
 from zdmq.hashing import Placement
 from zdmq.models import decode_body
 from zdmq.server.state import (
@@ -44,7 +52,7 @@ from zdmq.server.state import (
 )
 from zdmq.server.storage import Storage
 
-__all__ = ["FORWARDED_HEADER", "ROUTE_HEADER", "Node"]
+__all__ = ["FORWARDED_HEADER", "LISTED_HEADER", "ROUTE_HEADER", "Node"]
 
 log = logging.getLogger("zdmq.node")
 
@@ -52,6 +60,8 @@ log = logging.getLogger("zdmq.node")
 FORWARDED_HEADER = "zdmq-forwarded"
 # `zdmq-route: local` asks a node to act only on its own UUID queue (the client's pops).
 ROUTE_HEADER = "zdmq-route"
+# `zdmq-listed: 1` on a local pop: the caller chose this node from the metadata list.
+LISTED_HEADER = "zdmq-listed"
 
 T = TypeVar("T")
 PushItem = tuple[str, bytes, str | None]  # (id, body, content type)
@@ -121,7 +131,9 @@ class Node:
         if queue in self.state.meta:
             raise QueueExists(f"queue {queue!r} already exists")
         if len(self.state.meta) >= self.config.limits.max_queues:
-            raise InvalidMessage(f"this node owns {len(self.state.meta)} queues, the limit")
+            raise QueueLimitReached(
+                f"{self.id} keeps the metadata of {len(self.state.meta)} queues, its limit"
+            )
         op = CreateQueue(queue, uuid.uuid4().hex, time.time())
         self.state.apply(op)
         await self.commit([op])
@@ -216,6 +228,7 @@ class Node:
     async def push_local(self, queue: str, items: Sequence[PushItem]) -> list[str]:
         """Stores messages this node owns (their ids hash here); replies after commit."""
         state = self.state
+        self._check_storage()
         lq = state.queues.get(queue)
         while lq is None or not lq.registered:
             await self._ensure_registered(queue, items[0][0])
@@ -224,15 +237,31 @@ class Node:
         # only run on an empty UUID queue under the lock, so it cannot interleave here.
         ops: list[Op] = []
         for mid, body, ctype in items:
-            if mid in state.messages:
+            stored = state.messages.get(mid)
+            if stored is not None:
+                if stored.queue != queue:
+                    raise MessageIdConflict(f"message id {mid} is in use by another queue")
                 continue  # the same id pushed twice: store it once
             ops.append(state.push(queue, mid, body, ctype))
         self.counters["pushed"] += len(ops)
         await self.commit(ops)
         return [mid for mid, _, _ in items]
 
-    async def pop_local(self, queue: str, limit: int) -> list[tuple[str, StoredMessage]]:
-        """Pops up to `limit` messages from this node's UUID queue; [] when it is empty."""
+    def _check_storage(self) -> None:
+        # Once a commit failed, memory may be ahead of disk: change nothing more.
+        if self.storage.failed is not None:
+            raise StorageFailed(f"{self.id}: storage failed: {self.storage.failed}")
+
+    async def pop_local(
+        self, queue: str, limit: int, *, listed: bool = False
+    ) -> list[tuple[str, StoredMessage]]:
+        """Pops up to `limit` messages from this node's UUID queue; [] when it is empty.
+
+        `listed`: the caller came here because the metadata list names this node, so an
+        empty node must leave the list even if it holds no UUID queue for `queue` (a
+        crash between registering and storing, or a lost unregister, leaves such entries).
+        """
+        self._check_storage()
         popped = self.state.pop(queue, limit)
         if popped:
             self.counters["popped"] += len(popped)
@@ -241,7 +270,7 @@ class Node:
         lq = self.state.queues.get(queue)
         # Registered or not: after a restart `registered` is False (runtime knowledge)
         # while the owner's durable list may still name this node.
-        if lq is not None and not lq.ids:
+        if (lq is not None and not lq.ids) or (lq is None and listed):
             await self._drop_empty(queue)
         return []
 
@@ -249,9 +278,10 @@ class Node:
         """ZDMQ's empty step: drop the UUID queue, reset firstUUID, leave the metadata list."""
         async with self._locks[queue]:
             lq = self.state.queues.get(queue)
-            if lq is None or lq.ids:
-                return
-            del self.state.queues[queue]
+            if lq is not None:
+                if lq.ids:
+                    return
+                del self.state.queues[queue]
             try:
                 await self._on_owner(
                     queue,
@@ -293,7 +323,7 @@ class Node:
                     "POST",
                     f"/v1/queues/{queue}/pop",
                     params={"max": str(limit)},
-                    headers={ROUTE_HEADER: "local"},
+                    headers={ROUTE_HEADER: "local", LISTED_HEADER: "1"},
                 )
             except NodeUnavailable as e:
                 log.warning("pop at %s failed: %s", node_id, e)

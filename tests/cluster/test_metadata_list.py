@@ -1,0 +1,60 @@
+"""The metadata list stays a tight superset of the nodes holding messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+
+from tests.cluster.support import placement_of, queue_owned_by
+from tests.helpers import unique
+from zdmq import Client
+from zdmq.local import LocalCluster
+
+
+async def test_a_listed_node_that_holds_nothing_leaves_the_list_at_the_first_pop_there(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    # A crash between registering and storing leaves a node listed with no UUID queue.
+    # Reproduce that state through the real internal endpoint, then pop.
+    owner, ghost = "n1", "n3"
+    q = queue_owned_by(placement_of(cluster4), owner)
+    owner_url = cluster4.config.node(owner).url
+    async with Client.from_config(cluster4.config_path) as c:
+        await c.create_queue(q)
+        async with http.post(
+            f"{owner_url}/v1/internal/queues/{q}/register",
+            json={"node": ghost, "first_uuid": "00000000-0000-4000-8000-000000000000"},
+            headers={"zdmq-forwarded": "test"},
+        ) as r:
+            assert r.status == 200
+        assert await c.metadata(q) == [ghost]
+        assert await c.pop(q) is None
+        assert await c.metadata(q) == []
+    async with Client.from_config(cluster4.config_path) as fresh:
+        assert await fresh.pop(q) is None
+        assert fresh.calls["pop"].calls <= 2  # the guess, then an empty metadata list
+
+
+async def test_push_many_keeps_text_content_types_and_splits_by_request_bytes(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    limit = 64 * 1024
+    cluster = make_cluster(
+        nodes=2,
+        durability="os",
+        limits={"max_message_bytes": 8 * 1024, "max_request_bytes": limit},
+    )
+    q = unique()
+    bodies = [f"{i:06d}" + "y" * 4090 for i in range(200)]  # ~800 KiB in all
+    async with Client.from_config(cluster.config_path) as c:
+        await c.create_queue(q)
+        ids = await c.push_many(q, bodies)
+        # Each node's part travels in several requests, each under the byte limit.
+        assert c.calls["push_many"].calls >= 800 * 1024 // limit
+        got = []
+        while batch := await c.pop_many(q, 50):
+            got.extend(batch)
+    assert sorted(m.id for m in got) == sorted(ids)
+    assert sorted(m.body.decode() for m in got) == sorted(bodies)
+    assert {m.content_type for m in got} == {"text/plain; charset=utf-8"}
