@@ -53,3 +53,22 @@ async def test_creating_more_queues_than_the_limit_is_refused_with_409(
 async def test_the_cluster_endpoint_reports_the_request_limit(http: Http) -> None:
     info = await (await http.get("/v1/cluster")).json()
     assert info["limits"]["max_request_bytes"] == 16 * 1024 * 1024
+
+
+async def test_a_batch_holding_an_id_of_another_queue_stores_none_of_its_messages(
+    http: Http,
+) -> None:
+    for q in ("qa", "qb"):
+        assert (await http.put(f"/v1/queues/{q}")).status == 201
+    taken = str(uuid.uuid4())
+    r = await http.post("/v1/queues/qa/messages", data=b"a", headers={"zdmq-id": taken})
+    assert r.status == 201
+    fresh = str(uuid.uuid4())
+    batch = {"messages": [{"id": fresh, "body": "new"}, {"id": taken, "body": "clash"}]}
+    r = await http.post("/v1/queues/qb/batch", json=batch)
+    assert r.status == 409
+    assert (await r.json())["error"]["code"] == "message_id_conflict"
+    assert (await (await http.post("/v1/queues/qb/pop?max=10")).json())["messages"] == []
+    # The refused id is free: it can be pushed to qb on its own now.
+    r = await http.post("/v1/queues/qb/messages", data=b"new", headers={"zdmq-id": fresh})
+    assert r.status == 201

@@ -316,7 +316,7 @@ async def pop(request: web.Request) -> web.Response:
         # removing messages now would hand them to nobody.
         raise NodeUnavailable("the caller closed the connection before the pop ran")
     if request.headers.get(ROUTE_HEADER) == "local" or _forwarded(request):
-        got = await node.pop_local(queue, limit, listed=LISTED_HEADER in request.headers)
+        got = await node.pop_local(queue, limit, listed=request.headers.get(LISTED_HEADER) == "1")
     else:
         got = await node.routed_pop(queue, limit)
     if batch:

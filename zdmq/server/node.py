@@ -235,12 +235,14 @@ class Node:
             lq = state.queues.get(queue)
         # No await between the registration check and the appends: an unregister can
         # only run on an empty UUID queue under the lock, so it cannot interleave here.
+        # Check the whole batch before changing anything: a refused batch stores nothing.
+        for mid, _, _ in items:
+            stored = state.messages.get(mid)
+            if stored is not None and stored.queue != queue:
+                raise MessageIdConflict(f"message id {mid} is in use by another queue")
         ops: list[Op] = []
         for mid, body, ctype in items:
-            stored = state.messages.get(mid)
-            if stored is not None:
-                if stored.queue != queue:
-                    raise MessageIdConflict(f"message id {mid} is in use by another queue")
+            if mid in state.messages:
                 continue  # the same id pushed twice: store it once
             ops.append(state.push(queue, mid, body, ctype))
         self.counters["pushed"] += len(ops)
