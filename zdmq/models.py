@@ -101,9 +101,12 @@ def decode_body(text: Any, encoding: Any, max_bytes: int) -> bytes:
     return body
 
 
-def message_to_wire(msg_id: str, body: bytes) -> dict[str, str]:
+def message_to_wire(msg_id: str, body: bytes, content_type: str | None = None) -> dict[str, str]:
     text, encoding = encode_body(body)
-    return {"id": msg_id, "body": text, "encoding": encoding}
+    m = {"id": msg_id, "body": text, "encoding": encoding}
+    if content_type is not None:
+        m["content_type"] = content_type
+    return m
 
 
 def message_from_wire(item: Any) -> Message:

@@ -34,8 +34,8 @@ from zdmq.hashing import Placement
 from zdmq.models import (
     Message,
     QueueStats,
-    encode_body,
     message_from_wire,
+    message_to_wire,
     new_message_id,
     validate_queue_name,
 )
@@ -253,10 +253,7 @@ class Client:
             data, ctype = _bytes(body, None)
             msg_id = new_message_id()
             ids.append(msg_id)
-            text, encoding = encode_body(data)
-            item = {"id": msg_id, "body": text, "encoding": encoding}
-            if ctype != _OCTET:
-                item["content_type"] = ctype
+            item = message_to_wire(msg_id, data, None if ctype == _OCTET else ctype)
             by_owner[self.placement.owner(msg_id)].append(_http.dumps(item))
         calls = [
             self._call(

@@ -276,13 +276,7 @@ def _batch_items(payload: Any, max_messages: int, max_bytes: int) -> list[PushIt
 
 
 def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
-    out = []
-    for mid, body, ctype in items:
-        m: dict[str, Any] = message_to_wire(mid, body)
-        if ctype is not None:
-            m["content_type"] = ctype
-        out.append(m)
-    return {"messages": out}
+    return {"messages": [message_to_wire(mid, body, ctype) for mid, body, ctype in items]}
 
 
 async def push_batch(request: web.Request) -> web.Response:
@@ -320,13 +314,7 @@ async def pop(request: web.Request) -> web.Response:
     else:
         got = await node.routed_pop(queue, limit)
     if batch:
-        out = []
-        for mid, m in got:
-            w: dict[str, Any] = message_to_wire(mid, m.body)
-            if m.content_type is not None:
-                w["content_type"] = m.content_type
-            out.append(w)
-        return _json({"messages": out})
+        return _json({"messages": [message_to_wire(mid, m.body, m.content_type) for mid, m in got]})
     if not got:
         return web.Response(status=204)
     mid, m = got[0]
