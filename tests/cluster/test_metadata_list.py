@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import aiohttp
+import pytest
 
 from tests.cluster.support import placement_of, queue_owned_by
 from tests.helpers import unique
-from zdmq import Client
+from zdmq import Client, NodeUnavailable
 from zdmq.local import LocalCluster
 
 
@@ -58,3 +59,27 @@ async def test_push_many_keeps_text_content_types_and_splits_by_request_bytes(
     assert sorted(m.id for m in got) == sorted(ids)
     assert sorted(m.body.decode() for m in got) == sorted(bodies)
     assert {m.content_type for m in got} == {"text/plain; charset=utf-8"}
+
+
+async def test_a_client_given_only_one_url_learns_the_layout_and_routes_zero_hop(
+    cluster4: LocalCluster,
+) -> None:
+    q = unique()
+    async with Client([cluster4.urls[2]]) as c:
+        assert c.nodes == cluster4.config.node_ids
+        await c.create_queue(q)
+        ids = [await c.push(q, f"m{i}") for i in range(40)]
+        assert c.calls["push"].calls == 40  # one call each, straight to the owner
+        depth = (await c.stats(q)).depth
+        assert len(depth) > 1  # spread over nodes, not funnelled through the seed url
+        got = []
+        while (m := await c.pop(q)) is not None:
+            got.append(m.id)
+    assert sorted(got) == sorted(ids)
+
+
+async def test_a_client_whose_urls_all_fail_raises_node_unavailable() -> None:
+    # Port 9 (discard) on loopback: nothing of ours listens there.
+    with pytest.raises(NodeUnavailable):
+        async with Client(["http://127.0.0.1:9"], timeout_s=1):
+            pass
