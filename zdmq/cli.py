@@ -130,24 +130,30 @@ def _up(config_path: str) -> int:
 
 
 # ---- small commands -----------------------------------------------------------------------
+async def _healths(config: ClusterConfig, timeout_s: float) -> list[dict[str, Any] | ZdmqError]:
+    """Every node's /v1/health reply, or the error that stood in for it, in file order."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+
+        async def one(url: str) -> dict[str, Any] | ZdmqError:
+            try:
+                return dict((await _http.call(session, "GET", url + "/v1/health")).json())
+            except ZdmqError as e:
+                return e
+
+        return list(await asyncio.gather(*(one(n.url) for n in config.nodes)))
+
+
 async def _status(config: ClusterConfig, args: argparse.Namespace) -> int:
     down = 0
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
-
-        async def one(node_id: str, url: str) -> str:
-            nonlocal down
-            try:
-                h = (await _http.call(session, "GET", url + "/v1/health")).json()
-            except ZdmqError as e:
-                down += 1
-                return f"{node_id:<8} {url:<26} DOWN  {e.code}"
-            return (
-                f"{node_id:<8} {url:<26} {h['status'].upper():<5} "
+    for n, h in zip(config.nodes, await _healths(config, 3.0), strict=True):
+        if isinstance(h, ZdmqError):
+            down += 1
+            print(f"{n.id:<8} {n.url:<26} DOWN  {h.code}")
+        else:
+            print(
+                f"{n.id:<8} {n.url:<26} {h['status'].upper():<5} "
                 f"messages={h['messages']} queues_owned={h['queues_owned']}"
             )
-
-        lines = await asyncio.gather(*(one(n.id, n.url) for n in config.nodes))
-    print("\n".join(lines))
     return 1 if down else 0
 
 
@@ -253,24 +259,15 @@ async def _bounded(n: int, concurrency: int, job: Callable[[int], Awaitable[T]])
     return results
 
 
-async def _cluster_is_up(config: ClusterConfig) -> list[bool]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-
-        async def up(url: str) -> bool:
-            try:
-                await _http.call(session, "GET", url + "/v1/health")
-            except NodeUnavailable:
-                return False
-            return True
-
-        return list(await asyncio.gather(*(up(n.url) for n in config.nodes)))
-
-
 async def _demo(config_path: str, config: ClusterConfig, n: int, concurrency: int) -> int:
     if n < 1:
         print("zdmq demo: --messages must be at least 1", file=sys.stderr)
         return 2
-    up = await _cluster_is_up(config)
+    healths = await _healths(config, 2.0)
+    for h in healths:
+        if isinstance(h, ZdmqError) and not isinstance(h, NodeUnavailable):
+            raise h  # a node answers but is unhealthy: say so rather than run beside it
+    up = [not isinstance(h, NodeUnavailable) for h in healths]
     cluster: LocalCluster | None = None
     if all(up):
         print(f"demo: using the running cluster of {len(up)} nodes from {config_path}")

@@ -39,7 +39,7 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.hashing import Placement
-from zdmq.models import decode_body
+from zdmq.models import message_from_wire
 from zdmq.server.state import (
     CreateQueue,
     DropQueue,
@@ -331,20 +331,9 @@ class Node:
                 log.warning("pop at %s failed: %s", node_id, e)
                 down.append(node_id)
                 continue
-            msgs = reply.json()["messages"]
+            msgs = [message_from_wire(m) for m in reply.json()["messages"]]
             if msgs:
-                return [
-                    (
-                        m["id"],
-                        StoredMessage(
-                            queue,
-                            0,
-                            decode_body(m["body"], m["encoding"], 1 << 62),
-                            m.get("content_type"),
-                        ),
-                    )
-                    for m in msgs
-                ]
+                return [(m.id, StoredMessage(queue, 0, m.body, m.content_type)) for m in msgs]
         if down:
             # Never call a queue empty while a node that may hold its messages is down.
             raise NodeUnavailable(f"queue {queue!r}: listed node(s) {down} did not answer")
