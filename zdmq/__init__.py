@@ -6,7 +6,7 @@ async with zdmq.Client.from_config("cluster.yaml") as c:
     msg = await c.pop("jobs")
 """
 
-from zdmq.client import CallStats, Client
+from zdmq.client import CallStats, Client, Consumer, Outcome
 from zdmq.config import ClusterConfig, Limits, NodeConfig
 from zdmq.errors import (
     BadRequest,
@@ -27,17 +27,19 @@ from zdmq.errors import (
     StorageFailed,
     ZdmqError,
 )
-from zdmq.models import Message, QueueStats
+from zdmq.models import AckResult, Message, QueueSettings, QueueStats, ReceivedMessage
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AckResult",
     "BadRequest",
     "BatchTooLarge",
     "CallStats",
     "Client",
     "ClusterConfig",
     "ConfigError",
+    "Consumer",
     "InternalError",
     "InvalidMessage",
     "InvalidQueueName",
@@ -49,10 +51,13 @@ __all__ = [
     "Misrouted",
     "NodeConfig",
     "NodeUnavailable",
+    "Outcome",
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
+    "QueueSettings",
     "QueueStats",
+    "ReceivedMessage",
     "RouteNotFound",
     "StorageFailed",
     "ZdmqError",

@@ -9,12 +9,14 @@ import zdmq
 from zdmq import errors
 
 PUBLIC = {
+    "AckResult",
     "BadRequest",
     "BatchTooLarge",
     "CallStats",
     "Client",
     "ClusterConfig",
     "ConfigError",
+    "Consumer",
     "InternalError",
     "InvalidMessage",
     "InvalidQueueName",
@@ -26,10 +28,13 @@ PUBLIC = {
     "Misrouted",
     "NodeConfig",
     "NodeUnavailable",
+    "Outcome",
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
+    "QueueSettings",
     "QueueStats",
+    "ReceivedMessage",
     "RouteNotFound",
     "StorageFailed",
     "ZdmqError",

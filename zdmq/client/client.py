@@ -3,9 +3,12 @@
 The client computes placement itself and talks to the node that owns each call, over
 one keep-alive connection pool:
 
-    push      fresh UUID -> the node that owns it                              1 call
+    push      fresh UUID (or uuid5 of a dedup id) -> the node that owns it     1 call
     pop       a node from the cached metadata list, else the node a fresh UUID
-              picks; if it is empty: the metadata list, then a listed node     1 to 3 calls
+    receive   picks; if it is empty: the metadata list, then a listed node     1 to 3 calls
+              (+1 long poll on the metadata owner when `wait_s` > 0 and it was empty)
+    ack/nack  grouped by the node each receipt's message id hashes to          1 per node
+    extend
 
 The metadata cache only steers guesses: a stale entry costs a call, never a wrong
 answer, because an empty node says so and the metadata owner is asked again. Every
@@ -23,22 +26,31 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
-from zdmq.errors import NodeUnavailable
+from zdmq.errors import NodeUnavailable, ZdmqError
 from zdmq.hashing import Placement
 from zdmq.models import (
+    AckResult,
     Message,
+    QueueSettings,
     QueueStats,
+    ReceivedMessage,
+    dedup_message_id,
     message_from_wire,
     message_to_wire,
     new_message_id,
+    parse_receipt,
+    received_from_wire,
     validate_queue_name,
 )
+
+if TYPE_CHECKING:
+    from zdmq.client.consumer import Consumer, Handler
 
 __all__ = ["Body", "CallStats", "Client"]
 
@@ -47,6 +59,9 @@ _ROUTE_LOCAL = {"zdmq-route": "local"}
 # Also tells the node it was picked from the metadata list (an empty one then leaves it).
 _ROUTE_LISTED = {"zdmq-route": "local", "zdmq-listed": "1"}
 _TEXT = "text/plain; charset=utf-8"
+# The server's bounds on a receive and a long poll.
+MAX_RECEIVE = 100
+MAX_WAIT_S = 20.0
 _OCTET = "application/octet-stream"
 
 
@@ -184,10 +199,39 @@ class Client:
         return random.choice(self.nodes)
 
     # ---- queues --------------------------------------------------------------------
-    async def create_queue(self, queue: str) -> None:
+    async def create_queue(
+        self,
+        queue: str,
+        *,
+        visibility_timeout_s: float | None = None,
+        max_receives: int | None = None,
+        dead_letter_queue: str | None = None,
+        retention_s: float | None = None,
+        dedup_window_s: float | None = None,
+        max_message_bytes: int | None = None,
+    ) -> QueueSettings:
+        """Creates a queue; settings left out take their defaults. Returns the settings."""
         validate_queue_name(queue)
+        given = {
+            "visibility_timeout_s": visibility_timeout_s,
+            "max_receives": max_receives,
+            "dead_letter_queue": dead_letter_queue,
+            "retention_s": retention_s,
+            "dedup_window_s": dedup_window_s,
+            "max_message_bytes": max_message_bytes,
+        }
+        settings = {k: v for k, v in given.items() if v is not None}
+        QueueSettings.from_wire(settings)  # bad settings fail here, before any call
         self._begin("create_queue")
-        await self._call("create_queue", self.placement.owner(queue), "PUT", f"/v1/queues/{queue}")
+        reply = await self._call(
+            "create_queue",
+            self.placement.owner(queue),
+            "PUT",
+            f"/v1/queues/{queue}",
+            data=_http.dumps(settings),
+            headers=_http.JSON_HEADERS,
+        )
+        return QueueSettings(**reply.json()["settings"])
 
     async def delete_queue(self, queue: str) -> None:
         validate_queue_name(queue)
@@ -207,7 +251,24 @@ class Client:
         self._begin("stats")
         reply = await self._call("stats", self.placement.owner(queue), "GET", f"/v1/queues/{queue}")
         j = reply.json()
-        return QueueStats(j["queue"], int(j["messages"]), tuple(j["nodes"]), dict(j["depth"]))
+        return QueueStats(
+            j["queue"],
+            int(j["messages"]),
+            tuple(j["nodes"]),
+            dict(j["depth"]),
+            int(j.get("in_flight", 0)),
+            int(j.get("delayed", 0)),
+            int(j.get("dead_lettered", 0)),
+        )
+
+    async def queue_settings(self, queue: str) -> QueueSettings:
+        """The settings the queue was created with."""
+        validate_queue_name(queue)
+        self._begin("queue_settings")
+        reply = await self._call(
+            "queue_settings", self.placement.owner(queue), "GET", f"/v1/queues/{queue}/metadata"
+        )
+        return QueueSettings(**reply.json()["settings"])
 
     async def metadata(self, queue: str, *, op: str = "metadata") -> list[str]:
         """The nodes the queue's metadata list names (those that may hold messages)."""
@@ -223,11 +284,29 @@ class Client:
         return nodes
 
     # ---- push ----------------------------------------------------------------------
-    async def push(self, queue: str, body: Body, *, content_type: str | None = None) -> str:
-        """Stores one message on the node its fresh id hashes to; returns the id."""
+    async def push(
+        self,
+        queue: str,
+        body: Body,
+        *,
+        content_type: str | None = None,
+        dedup_id: str | None = None,
+    ) -> str:
+        """Stores one message on the node its id hashes to; returns the id.
+
+        With `dedup_id` the id is derived from it (uuid5 of queue and dedup_id), so a
+        retry lands on the same node and, inside the queue's dedup window, stores
+        nothing and returns the original id.
+        """
         validate_queue_name(queue)
         data, ctype = _bytes(body, content_type)
-        msg_id = new_message_id()
+        headers = {"Content-Type": ctype}
+        if dedup_id is not None:
+            msg_id = dedup_message_id(queue, dedup_id)
+            headers["zdmq-dedup-id"] = dedup_id
+        else:
+            msg_id = new_message_id()
+            headers["zdmq-id"] = msg_id
         self._begin("push")
         await self._call(
             "push",
@@ -235,25 +314,39 @@ class Client:
             "POST",
             f"/v1/queues/{queue}/messages",
             data=data,
-            headers={"zdmq-id": msg_id, "Content-Type": ctype},
+            headers=headers,
         )
         return msg_id
 
-    async def push_many(self, queue: str, bodies: Iterable[Body]) -> list[str]:
+    async def push_many(
+        self,
+        queue: str,
+        bodies: Iterable[Body],
+        *,
+        dedup_ids: Sequence[str | None] | None = None,
+    ) -> list[str]:
         """Pushes a batch: one call per owning node, in parallel.
 
         Each node's part is split further only where it passes the batch limits
         (`max_batch_messages` messages, `max_request_bytes` bytes of JSON).
+        `dedup_ids`, when given, pairs a dedup id (or None) with each body.
         """
         validate_queue_name(queue)
         self._begin("push_many")
         ids: list[str] = []
         by_owner: defaultdict[str, list[bytes]] = defaultdict(list)
-        for body in bodies:
+        bodies = list(bodies)
+        if dedup_ids is not None and len(dedup_ids) != len(bodies):
+            raise ValueError("dedup_ids must pair one dedup id (or None) with each body")
+        for i, body in enumerate(bodies):
             data, ctype = _bytes(body, None)
-            msg_id = new_message_id()
+            dedup_id = dedup_ids[i] if dedup_ids is not None else None
+            msg_id = dedup_message_id(queue, dedup_id) if dedup_id is not None else new_message_id()
             ids.append(msg_id)
-            item = message_to_wire(msg_id, data, None if ctype == _OCTET else ctype)
+            item: dict[str, Any] = message_to_wire(msg_id, data, None if ctype == _OCTET else ctype)
+            if dedup_id is not None:
+                del item["id"]
+                item["dedup_id"] = dedup_id
             by_owner[self.placement.owner(msg_id)].append(_http.dumps(item))
         calls = [
             self._call(
@@ -270,37 +363,153 @@ class Client:
         await asyncio.gather(*calls)
         return ids
 
-    # ---- pop -----------------------------------------------------------------------
-    async def pop(self, queue: str) -> Message | None:
-        """Removes and returns one message, or None when the queue is empty."""
-        got = await self._pop(queue, 1, "pop")
-        return got[0] if got else None
+    # ---- pop and receive -------------------------------------------------------------
+    async def pop(self, queue: str, *, wait_s: float = 0.0) -> Message | None:
+        """Removes and returns one message, or None when the queue is empty.
 
-    async def pop_many(self, queue: str, max_messages: int = 100) -> list[Message]:
+        With `wait_s` > 0 an empty queue is watched that long for a message to arrive
+        on any node (long polling).
+        """
+        got = await self._take(queue, 1, "pop", wait_s=wait_s)
+        return message_from_wire(got[0]) if got else None
+
+    async def pop_many(
+        self, queue: str, max_messages: int = 100, *, wait_s: float = 0.0
+    ) -> list[Message]:
         """Removes up to `max_messages` messages from one node; [] when the queue is empty."""
         if not 1 <= max_messages <= self._max_batch:
             raise ValueError(f"max_messages must be in 1..{self._max_batch}")
-        return await self._pop(queue, max_messages, "pop_many")
+        got = await self._take(queue, max_messages, "pop_many", wait_s=wait_s)
+        return [message_from_wire(m) for m in got]
 
-    async def _pop(self, queue: str, limit: int, op: str) -> list[Message]:
+    async def receive(
+        self,
+        queue: str,
+        max_messages: int = 1,
+        *,
+        visibility_s: float | None = None,
+        wait_s: float = 0.0,
+    ) -> list[ReceivedMessage]:
+        """Leases up to `max_messages` messages (at-least-once): each stays invisible for
+        `visibility_s` (default: the queue's visibility timeout) until acked, nacked,
+        extended or expired. [] when nothing arrives within `wait_s`."""
+        if not 1 <= max_messages <= MAX_RECEIVE:
+            raise ValueError(f"max_messages must be in 1..{MAX_RECEIVE}")
+        got = await self._take(
+            queue, max_messages, "receive", receive=True, lease_s=visibility_s, wait_s=wait_s
+        )
+        return [received_from_wire(m) for m in got]
+
+    async def ack(self, queue: str, receipts: str | Iterable[str]) -> AckResult:
+        """Deletes leased messages. A receipt whose lease ended (expired, nacked, acked)
+        is reported in `failed` as `lease_expired` and changes nothing."""
+        return await self._settle(queue, "ack", receipts, {})
+
+    async def nack(
+        self, queue: str, receipts: str | Iterable[str], *, delay_s: float = 0.0
+    ) -> AckResult:
+        """Releases leased messages: visible again after `delay_s` (or dead-lettered
+        once they were received `max_receives` times)."""
+        return await self._settle(queue, "nack", receipts, {"delay_s": delay_s})
+
+    async def extend(
+        self, queue: str, receipts: str | Iterable[str], visibility_s: float
+    ) -> AckResult:
+        """Keeps leases for `visibility_s` more seconds from now (a heartbeat)."""
+        return await self._settle(queue, "extend", receipts, {"visibility_s": visibility_s})
+
+    def consume(
+        self,
+        queue: str,
+        handler: Handler | None = None,
+        **options: Any,
+    ) -> Consumer:
+        """A consumer loop over leases: `async for msg in client.consume(queue, ...)`.
+
+        See `zdmq.client.consumer.Consumer` for the options and the shutdown rules.
+        """
+        from zdmq.client.consumer import Consumer
+
+        return Consumer(self, queue, handler, **options)
+
+    async def _settle(
+        self, queue: str, action: str, receipts: str | Iterable[str], extra: dict[str, Any]
+    ) -> AckResult:
         validate_queue_name(queue)
+        receipts = [receipts] if isinstance(receipts, str) else list(receipts)
+        self._begin(action)
+        if not receipts:
+            return AckResult(0)
+        failed: dict[str, str] = {}
+        by_owner: defaultdict[str, list[str]] = defaultdict(list)
+        for r in receipts:
+            try:
+                mid, _ = parse_receipt(r)
+            except ZdmqError:
+                failed[str(r)] = "invalid_receipt"
+                continue
+            by_owner[self.placement.owner(mid)].append(r)
+        key = {"ack": "acked", "nack": "nacked", "extend": "extended"}[action]
+
+        async def on(owner: str, part: list[str]) -> int:
+            done = 0
+            for start in range(0, len(part), self._max_batch):
+                chunk = part[start : start + self._max_batch]
+                try:
+                    reply = await self._call(
+                        action,
+                        owner,
+                        "POST",
+                        f"/v1/queues/{queue}/{action}",
+                        data=_http.dumps({"receipts": chunk, **extra}),
+                        headers=_http.JSON_HEADERS,
+                    )
+                except NodeUnavailable as e:
+                    failed.update((r, e.code) for r in chunk)
+                    continue
+                j = reply.json()
+                failed.update((f["receipt"], f["code"]) for f in j["failed"])
+                done += int(j[key])
+            return done
+
+        done = await asyncio.gather(*(on(o, part) for o, part in by_owner.items()))
+        return AckResult(sum(done), failed)
+
+    async def _take(
+        self,
+        queue: str,
+        limit: int,
+        op: str,
+        *,
+        receive: bool = False,
+        lease_s: float | None = None,
+        wait_s: float = 0.0,
+    ) -> list[dict[str, Any]]:
+        validate_queue_name(queue)
+        if not 0 <= wait_s <= MAX_WAIT_S:
+            raise ValueError(f"wait_s must be in 0..{MAX_WAIT_S:g}")
         self._begin(op)
+        params = {"max": str(limit)}
+        if lease_s is not None:
+            params["visibility_s"] = repr(float(lease_s))
+        kind = "receive" if receive else "pop"
+        started = time.monotonic()
         tried: set[str] = set()
         down: set[str] = set()
         guess, from_list = self._guess(queue)
-        got = await self._pop_at(op, guess, queue, limit, tried, down, listed=from_list)
+        got = await self._take_at(op, kind, guess, queue, params, tried, down, listed=from_list)
         if got:
             return got
         # The guess was empty: ask the metadata list (at most twice: a node it names
-        # may have emptied meanwhile) and pop at the nodes it names.
+        # may have emptied meanwhile) and take at the nodes it names.
         for _ in range(2):
             listed = await self.metadata(queue, op=op)
-            if not listed:
-                return []
             candidates = [n for n in listed if n not in tried] or listed
             random.shuffle(candidates)
             for node_id in candidates:
-                got = await self._pop_at(op, node_id, queue, limit, tried, down, listed=True)
+                got = await self._take_at(
+                    op, kind, node_id, queue, params, tried, down, listed=True
+                )
                 if got:
                     return got
             if down.intersection(listed):
@@ -308,8 +517,22 @@ class Client:
                 raise NodeUnavailable(
                     f"queue {queue!r}: listed node(s) {sorted(down)} did not answer"
                 )
+            if not listed:
+                break
             tried.clear()
-        return []
+        remaining = wait_s - (time.monotonic() - started)
+        if remaining <= 0:
+            return []
+        # Long poll on the metadata owner: it hears when any node gets visible messages.
+        reply = await self._call(
+            op,
+            self.placement.owner(queue),
+            "POST",
+            f"/v1/queues/{queue}/{kind}",
+            params={**params, "wait_s": repr(remaining)},
+            timeout_s=remaining + self._timeout_s,
+        )
+        return list(reply.json()["messages"])
 
     def _guess(self, queue: str) -> tuple[str, bool]:
         """The node to try first, and whether it came from the metadata list."""
@@ -321,32 +544,33 @@ class Client:
         # ZDMQ: a fresh UUID hashes to a random node.
         return self.placement.owner(str(uuid.uuid4())), False
 
-    async def _pop_at(
+    async def _take_at(
         self,
         op: str,
+        kind: str,
         node_id: str,
         queue: str,
-        limit: int,
+        params: dict[str, str],
         tried: set[str],
         down: set[str],
         *,
         listed: bool,
-    ) -> list[Message]:
-        """Pops at one node's UUID queue only; [] when it is empty or does not answer."""
+    ) -> list[dict[str, Any]]:
+        """Pops or receives at one node's UUID queue only; [] when it is empty or down."""
         try:
             reply = await self._call(
                 op,
                 node_id,
                 "POST",
-                f"/v1/queues/{queue}/pop",
-                params={"max": str(limit)},
+                f"/v1/queues/{queue}/{kind}",
+                params=params,
                 headers=_ROUTE_LISTED if listed else _ROUTE_LOCAL,
             )
         except NodeUnavailable:
             down.add(node_id)
-            msgs: list[Message] = []
+            msgs: list[dict[str, Any]] = []
         else:
-            msgs = [message_from_wire(m) for m in reply.json()["messages"]]
+            msgs = list(reply.json()["messages"])
         if not msgs:
             tried.add(node_id)
             cached = self._meta.get(queue)

@@ -36,13 +36,24 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.models import (
+    MAX_VISIBILITY_S,
+    QueueSettings,
     decode_body,
+    dedup_message_id,
     message_to_wire,
     new_message_id,
+    parse_receipt,
     validate_message_id,
     validate_queue_name,
 )
-from zdmq.server.node import FORWARDED_HEADER, LISTED_HEADER, ROUTE_HEADER, Node, PushItem
+from zdmq.server.node import (
+    FORWARDED_HEADER,
+    LISTED_HEADER,
+    ROUTE_HEADER,
+    Delivery,
+    Node,
+    PushItem,
+)
 from zdmq.server.storage import open_storage
 
 __all__ = ["NODE", "make_app"]
@@ -51,7 +62,11 @@ log = logging.getLogger("zdmq.http")
 
 NODE = web.AppKey("node", Node)
 ID_HEADER = "zdmq-id"
+DEDUP_HEADER = "zdmq-dedup-id"
 OCTET = "application/octet-stream"
+# Bounds of the receive and long-poll parameters.
+MAX_RECEIVE = 100
+MAX_WAIT_S = 20.0
 
 
 # ---- replies and request parsing ----------------------------------------------------------
@@ -108,6 +123,26 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
     return value
 
 
+def _float_param(request: web.Request, name: str, lo: float, hi: float) -> float | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadRequest(f"{name}: expected a number in {lo:g}..{hi:g}, got {raw!r}") from None
+    if not lo <= value <= hi:  # also refuses nan
+        raise BadRequest(f"{name}: expected a number in {lo:g}..{hi:g}, got {raw}")
+    return value
+
+
+def _float_field(payload: dict[str, Any], name: str, lo: float, hi: float, default: float) -> float:
+    value = payload.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
+        raise BadRequest(f"{name}: expected a number in {lo:g}..{hi:g}, got {value!r}")
+    return float(value)
+
+
 async def _json_body(request: web.Request) -> Any:
     raw = await request.read()
     if not raw:
@@ -125,7 +160,7 @@ def _forwarded(request: web.Request) -> bool:
 def _relay(reply: _http.Reply) -> web.Response:
     """A forwarded call's reply, passed back as it came."""
     headers = {}
-    for name in ("Content-Type", ID_HEADER):
+    for name in ("Content-Type", ID_HEADER, "zdmq-receipt", "zdmq-receive-count"):
         if name in reply.headers:
             headers[name] = reply.headers[name]
     return web.Response(status=reply.status, body=reply.body or None, headers=headers)
@@ -137,7 +172,7 @@ async def _forward(
     if _forwarded(request):
         raise Misrouted(f"{node.id} does not own this call; {owner} does")
     headers = {}
-    for name in ("Content-Type", ID_HEADER):
+    for name in ("Content-Type", ID_HEADER, DEDUP_HEADER):
         if name in request.headers:
             headers[name] = request.headers[name]
     reply = await node.peer_call(
@@ -195,8 +230,11 @@ async def create_queue(request: web.Request) -> web.Response:
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, await request.read())
-    await node.create_queue(queue)
-    return _json({"queue": queue}, status=201)
+    settings = QueueSettings.from_wire(
+        await _json_body(request), max_message_bytes=node.config.limits.max_message_bytes
+    )
+    await node.create_queue(queue, settings)
+    return _json({"queue": queue, "settings": settings.to_wire()}, status=201)
 
 
 async def get_queue(request: web.Request) -> web.Response:
@@ -232,12 +270,18 @@ async def push(request: web.Request) -> web.Response:
     if len(body) > limit:
         raise MessageTooLarge(f"message of {len(body)} bytes is over the {limit}-byte limit")
     raw_id = request.headers.get(ID_HEADER)
-    msg_id = validate_message_id(raw_id) if raw_id is not None else new_message_id()
+    dedup_id = request.headers.get(DEDUP_HEADER)
+    if dedup_id is not None:
+        if raw_id is not None:
+            raise BadRequest(f"give {ID_HEADER} or {DEDUP_HEADER}, not both")
+        msg_id = dedup_message_id(queue, dedup_id)
+    else:
+        msg_id = validate_message_id(raw_id) if raw_id is not None else new_message_id()
     owner = node.placement.owner(msg_id)
     if owner != node.id:
         if _forwarded(request):
             raise Misrouted(f"message {msg_id} belongs to {owner}, not {node.id}")
-        headers = {ID_HEADER: msg_id}
+        headers = {DEDUP_HEADER: dedup_id} if dedup_id is not None else {ID_HEADER: msg_id}
         if "Content-Type" in request.headers:
             headers["Content-Type"] = request.headers["Content-Type"]
         reply = await node.peer_call(
@@ -245,11 +289,13 @@ async def push(request: web.Request) -> web.Response:
         )
         return _relay(reply)
     ctype = request.headers.get("Content-Type")
-    await node.push_local(queue, [(msg_id, body, ctype)])
-    return _json({"id": msg_id}, status=201)
+    [dup] = await node.push_local(queue, [PushItem(msg_id, body, ctype, dedup_id is not None)])
+    return _json({"id": msg_id, "duplicate": dup}, status=200 if dup else 201)
 
 
-def _batch_items(payload: Any, max_messages: int, max_bytes: int) -> list[PushItem]:
+def _batch_items(
+    queue: str, payload: Any, max_messages: int, max_bytes: int, forwarded: bool
+) -> list[PushItem]:
     if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
         raise BadRequest('expected {"messages": [{"body": ..., "encoding": ...}, ...]}')
     raw = payload["messages"]
@@ -263,27 +309,44 @@ def _batch_items(payload: Any, max_messages: int, max_bytes: int) -> list[PushIt
             raise InvalidMessage(f"messages[{i}]: expected an object")
         try:
             body = decode_body(m.get("body"), m.get("encoding", "utf-8"), max_bytes)
-            mid = m.get("id")
-            mid = validate_message_id(mid) if mid is not None else new_message_id()
+            mid, dedup_id = m.get("id"), m.get("dedup_id")
+            if dedup_id is not None:
+                if mid is not None:
+                    raise InvalidMessage("give id or dedup_id, not both")
+                mid = dedup_message_id(queue, dedup_id)
+            else:
+                mid = validate_message_id(mid) if mid is not None else new_message_id()
         except ZdmqError as e:
             e.message = f"messages[{i}]: {e.message}"
             raise
         ctype = m.get("content_type")
         if ctype is not None and not isinstance(ctype, str):
             raise InvalidMessage(f"messages[{i}].content_type: expected a string")
-        items.append((mid, body, ctype))
+        # Between nodes a dedup message travels by id, flagged (see _batch_wire).
+        dedup = dedup_id is not None or (forwarded and m.get("dedup") is True)
+        items.append(PushItem(mid, body, ctype, dedup))
     return items
 
 
 def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
-    return {"messages": [message_to_wire(mid, body, ctype) for mid, body, ctype in items]}
+    wire = []
+    for item in items:
+        m: dict[str, Any] = message_to_wire(item.id, item.body, item.content_type)
+        if item.dedup:
+            m["dedup"] = True
+        wire.append(m)
+    return {"messages": wire}
 
 
 async def push_batch(request: web.Request) -> web.Response:
     node, queue = request.app[NODE], _queue(request)
     limits = node.config.limits
     items = _batch_items(
-        await _json_body(request), limits.max_batch_messages, limits.max_message_bytes
+        queue,
+        await _json_body(request),
+        limits.max_batch_messages,
+        limits.max_message_bytes,
+        _forwarded(request),
     )
     by_owner: defaultdict[str, list[PushItem]] = defaultdict(list)
     for item in items:
@@ -291,36 +354,133 @@ async def push_batch(request: web.Request) -> web.Response:
     if _forwarded(request) and set(by_owner) != {node.id}:
         raise Misrouted(f"a forwarded batch holds messages {node.id} does not own")
 
-    async def store(owner: str, part: list[PushItem]) -> None:
+    async def store(owner: str, part: list[PushItem]) -> int:
         if owner == node.id:
-            await node.push_local(queue, part)
-        else:
-            await node.peer_call(owner, "POST", f"/v1/queues/{queue}/batch", json=_batch_wire(part))
+            return sum(await node.push_local(queue, part))
+        reply = await node.peer_call(
+            owner, "POST", f"/v1/queues/{queue}/batch", json=_batch_wire(part)
+        )
+        return int(reply.json().get("duplicates", 0))
 
-    await asyncio.gather(*(store(o, part) for o, part in by_owner.items()))
-    return _json({"ids": [mid for mid, _, _ in items]}, status=201)
+    dups = await asyncio.gather(*(store(o, part) for o, part in by_owner.items()))
+    return _json({"ids": [item.id for item in items], "duplicates": sum(dups)}, status=201)
+
+
+def _delivery_wire(d: Delivery) -> dict[str, Any]:
+    m: dict[str, Any] = message_to_wire(d.id, d.body, d.content_type)
+    if d.receipt is not None:
+        m["receipt"] = d.receipt
+        m["receive_count"] = d.receive_count
+    return m
+
+
+async def _take(request: web.Request, *, receive: bool) -> list[Delivery]:
+    node, queue = request.app[NODE], _queue(request)
+    hi = MAX_RECEIVE if receive else node.config.limits.max_batch_messages
+    limit = _int_param(request, "max", 1, 1, hi)
+    lease_s = _float_param(request, "visibility_s", 0.0, MAX_VISIBILITY_S) if receive else None
+    wait_s = _float_param(request, "wait_s", 0.0, MAX_WAIT_S) or 0.0
+    if request.transport is None or request.transport.is_closing():
+        # The caller hung up (a call that timed out while it waited in the socket's queue):
+        # taking messages now would hand them to nobody.
+        raise NodeUnavailable("the caller closed the connection before the call ran")
+    route = request.headers.get(ROUTE_HEADER)
+    if route == "local":
+        listed = request.headers.get(LISTED_HEADER) == "1"
+        return await node.take_local(queue, limit, lease_s=lease_s, receive=receive, listed=listed)
+    if _forwarded(request) and node.meta_owner(queue) != node.id:
+        raise Misrouted(f"{node.id} is not the metadata owner of {queue!r}")
+    return await node.routed_take(queue, limit, receive=receive, lease_s=lease_s, wait_s=wait_s)
 
 
 async def pop(request: web.Request) -> web.Response:
-    node, queue = request.app[NODE], _queue(request)
-    batch = "max" in request.query
-    limit = _int_param(request, "max", 1, 1, node.config.limits.max_batch_messages)
-    if request.transport is None or request.transport.is_closing():
-        # The caller hung up (a pop that timed out while it waited in the socket's queue):
-        # removing messages now would hand them to nobody.
-        raise NodeUnavailable("the caller closed the connection before the pop ran")
-    if request.headers.get(ROUTE_HEADER) == "local" or _forwarded(request):
-        got = await node.pop_local(queue, limit, listed=request.headers.get(LISTED_HEADER) == "1")
-    else:
-        got = await node.routed_pop(queue, limit)
-    if batch:
-        return _json({"messages": [message_to_wire(mid, m.body, m.content_type) for mid, m in got]})
+    got = await _take(request, receive=False)
+    if "max" in request.query:
+        return _json({"messages": [_delivery_wire(d) for d in got]})
     if not got:
         return web.Response(status=204)
-    mid, m = got[0]
+    d = got[0]
     return web.Response(
-        body=m.body, headers={ID_HEADER: mid, "Content-Type": m.content_type or OCTET}
+        body=d.body, headers={ID_HEADER: d.id, "Content-Type": d.content_type or OCTET}
     )
+
+
+async def receive(request: web.Request) -> web.Response:
+    got = await _take(request, receive=True)
+    return _json({"messages": [_delivery_wire(d) for d in got]})
+
+
+# What each settle call reports its count as.
+_SETTLED = {"ack": "acked", "nack": "nacked", "extend": "extended"}
+
+
+async def _settle(request: web.Request, action: str) -> web.Response:
+    node, queue = request.app[NODE], _queue(request)
+    payload = await _json_body(request)
+    if not isinstance(payload, dict) or not isinstance(payload.get("receipts"), list):
+        raise BadRequest('expected {"receipts": ["...", ...]}')
+    receipts = payload["receipts"]
+    limit = node.config.limits.max_batch_messages
+    if not receipts:
+        raise BadRequest("receipts: expected at least one receipt")
+    if len(receipts) > limit:
+        raise BatchTooLarge(f"{len(receipts)} receipts is over the batch limit of {limit}")
+    delay_s = _float_field(payload, "delay_s", 0.0, MAX_VISIBILITY_S, 0.0)
+    visibility_s = 0.0
+    if action == "extend":
+        if "visibility_s" not in payload:
+            raise BadRequest("visibility_s: required to extend a lease")
+        visibility_s = _float_field(payload, "visibility_s", 0.0, MAX_VISIBILITY_S, 0.0)
+    failed: dict[str, str] = {}
+    by_owner: defaultdict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    for r in receipts:
+        try:
+            mid, token = parse_receipt(r)
+        except ZdmqError:
+            failed[str(r)] = "invalid_receipt"
+            continue
+        by_owner[node.placement.owner(mid)].append((r, mid, token))
+    if _forwarded(request) and set(by_owner) - {node.id}:
+        raise Misrouted(f"a forwarded {action} holds receipts {node.id} does not own")
+
+    async def settle_on(owner: str, part: list[tuple[str, str, str]]) -> int:
+        if owner == node.id:
+            done, why = await node.settle_local(
+                queue, action, part, delay_s=delay_s, visibility_s=visibility_s
+            )
+            failed.update(why)
+            return done
+        body = {"receipts": [r for r, _, _ in part], "delay_s": delay_s}
+        if action == "extend":
+            body["visibility_s"] = visibility_s
+        try:
+            reply = await node.peer_call(owner, "POST", f"/v1/queues/{queue}/{action}", json=body)
+        except ZdmqError as e:
+            failed.update((r, e.code) for r, _, _ in part)
+            return 0
+        j = reply.json()
+        failed.update((f["receipt"], f["code"]) for f in j["failed"])
+        return int(j[_SETTLED[action]])
+
+    done = await asyncio.gather(*(settle_on(o, part) for o, part in by_owner.items()))
+    return _json(
+        {
+            _SETTLED[action]: sum(done),
+            "failed": [{"receipt": r, "code": c} for r, c in failed.items()],
+        }
+    )
+
+
+async def ack(request: web.Request) -> web.Response:
+    return await _settle(request, "ack")
+
+
+async def nack(request: web.Request) -> web.Response:
+    return await _settle(request, "nack")
+
+
+async def extend(request: web.Request) -> web.Response:
+    return await _settle(request, "extend")
 
 
 # ---- node-to-node protocol ----------------------------------------------------------------
@@ -339,14 +499,21 @@ async def internal_register(request: web.Request) -> web.Response:
     node, queue = request.app[NODE], _queue(request)
     _owner_only(node, queue)
     payload = await _json_body(request)
-    inc = await node.register(queue, _field(payload, "node"), _field(payload, "first_uuid"))
-    return _json({"incarnation": inc})
+    reply = await node.register(queue, _field(payload, "node"), _field(payload, "first_uuid"))
+    return _json(reply)
 
 
 async def internal_unregister(request: web.Request) -> web.Response:
     node, queue = request.app[NODE], _queue(request)
     _owner_only(node, queue)
     await node.unregister(queue, _field(await _json_body(request), "node"))
+    return _json({"ok": True})
+
+
+async def internal_ready(request: web.Request) -> web.Response:
+    node, queue = request.app[NODE], _queue(request)
+    _owner_only(node, queue)
+    node.node_ready(queue, _field(await _json_body(request), "node"))
     return _json({"ok": True})
 
 
@@ -357,7 +524,7 @@ async def internal_purge(request: web.Request) -> web.Response:
 
 async def internal_depth(request: web.Request) -> web.Response:
     node, queue = request.app[NODE], _queue(request)
-    return _json({"depth": node.depth(queue)})
+    return _json(node.depth(queue))
 
 
 async def internal_owned(request: web.Request) -> web.Response:
@@ -373,7 +540,7 @@ async def internal_sweep(request: web.Request) -> web.Response:
     for q in queues:
         validate_queue_name(q)
         _owner_only(node, q)
-    return _json({"missing": await node.sweep(_field(payload, "node"), queues)})
+    return _json(await node.sweep(_field(payload, "node"), queues))
 
 
 # ---- the application ----------------------------------------------------------------------
@@ -384,12 +551,14 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> web
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await node.start()
-        sweeper = asyncio.create_task(node.repair_loop()) if repair else None
+        tasks = [asyncio.create_task(node.monitor_loop())]
+        if repair:
+            tasks.append(asyncio.create_task(node.repair_loop()))
         yield
-        if sweeper is not None:
-            sweeper.cancel()
+        for task in tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+                await task
         await node.stop()
 
     app.cleanup_ctx.append(lifecycle)
@@ -405,8 +574,13 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> web
     r.add_post("/v1/queues/{queue}/messages", push)
     r.add_post("/v1/queues/{queue}/batch", push_batch)
     r.add_post("/v1/queues/{queue}/pop", pop)
+    r.add_post("/v1/queues/{queue}/receive", receive)
+    r.add_post("/v1/queues/{queue}/ack", ack)
+    r.add_post("/v1/queues/{queue}/nack", nack)
+    r.add_post("/v1/queues/{queue}/extend", extend)
     r.add_post("/v1/internal/queues/{queue}/register", internal_register)
     r.add_post("/v1/internal/queues/{queue}/unregister", internal_unregister)
+    r.add_post("/v1/internal/queues/{queue}/ready", internal_ready)
     r.add_post("/v1/internal/queues/{queue}/purge", internal_purge)
     r.add_get("/v1/internal/queues/{queue}/depth", internal_depth)
     r.add_get("/v1/internal/owned-queues", internal_owned)

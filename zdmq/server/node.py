@@ -17,20 +17,24 @@ of queues deleted while this node was down).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import secrets
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
 from zdmq.errors import (
+    BadRequest,
     MessageIdConflict,
+    MessageTooLarge,
     NodeUnavailable,
     QueueExists,
     QueueLimitReached,
@@ -39,20 +43,20 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.hashing import Placement
-from zdmq.models import message_from_wire
+from zdmq.models import QueueSettings, decode_body, make_receipt
 from zdmq.server.state import (
     CreateQueue,
+    DeadLetter,
     DropQueue,
     LocalQueue,
     NodeState,
     Op,
     Register,
-    StoredMessage,
     Unregister,
 )
 from zdmq.server.storage import Storage
 
-__all__ = ["FORWARDED_HEADER", "LISTED_HEADER", "ROUTE_HEADER", "Node"]
+__all__ = ["FORWARDED_HEADER", "LISTED_HEADER", "ROUTE_HEADER", "Delivery", "Node", "PushItem"]
 
 log = logging.getLogger("zdmq.node")
 
@@ -64,7 +68,29 @@ ROUTE_HEADER = "zdmq-route"
 LISTED_HEADER = "zdmq-listed"
 
 T = TypeVar("T")
-PushItem = tuple[str, bytes, str | None]  # (id, body, content type)
+
+
+class PushItem(NamedTuple):
+    id: str
+    body: bytes
+    content_type: str | None
+    dedup: bool = False  # the id came from a dedup_id: repeats inside the window are dropped
+
+
+class Delivery(NamedTuple):
+    """One message handed out by a pop (receipt None) or a receive (leased)."""
+
+    id: str
+    body: bytes
+    content_type: str | None
+    receipt: str | None = None
+    receive_count: int = 0
+
+
+# How often the lease monitor looks at the clock at most, and how often it sweeps
+# retention and dedup records.
+MONITOR_TICK_S = 0.05
+HOUSEKEEPING_S = 1.0
 
 
 class Node:
@@ -80,6 +106,16 @@ class Node:
         self._session: aiohttp.ClientSession | None = None
         self.started_at = time.time()
         self.counters: dict[str, int] = defaultdict(int)
+        # Settings of the queues this node stores messages of, as their metadata owners
+        # reported them (runtime cache: filled by register, sweep and metadata replies).
+        self.settings: dict[str, QueueSettings] = {}
+        # Long polling, on the metadata owner: a version per queue that moves whenever a
+        # node reports it has visible messages, and the event its waiters sleep on.
+        self._ready_version: defaultdict[str, int] = defaultdict(int)
+        self._ready_nodes: dict[str, dict[str, int]] = {}
+        self._ready_events: dict[str, asyncio.Event] = {}
+        self._notifying: dict[str, bool] = {}
+        self._background: set[asyncio.Task[Any]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -90,9 +126,17 @@ class Node:
         )
 
     async def stop(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
         await self.storage.close()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def commit(self, ops: Sequence[Op]) -> None:
         if ops:
@@ -127,14 +171,27 @@ class Node:
         return decode(reply.json())
 
     # ---- metadata owner side ------------------------------------------------------
-    async def create_queue(self, queue: str) -> str:
+    async def create_queue(self, queue: str, settings: QueueSettings | None = None) -> str:
+        settings = settings or QueueSettings()
         if queue in self.state.meta:
             raise QueueExists(f"queue {queue!r} already exists")
         if len(self.state.meta) >= self.config.limits.max_queues:
             raise QueueLimitReached(
                 f"{self.id} keeps the metadata of {len(self.state.meta)} queues, its limit"
             )
-        op = CreateQueue(queue, uuid.uuid4().hex, time.time())
+        dlq = settings.dead_letter_queue
+        if dlq is not None:
+            if dlq == queue:
+                raise BadRequest("dead_letter_queue: a queue cannot be its own dead-letter queue")
+            try:
+                await self.metadata_via_owner(dlq)
+            except QueueNotFound:
+                raise BadRequest(
+                    f"dead_letter_queue: queue {dlq!r} does not exist; create it first"
+                ) from None
+            if queue in self.state.meta:  # created meanwhile
+                raise QueueExists(f"queue {queue!r} already exists")
+        op = CreateQueue(queue, uuid.uuid4().hex, time.time(), settings)
         self.state.apply(op)
         await self.commit([op])
         return op.incarnation
@@ -145,6 +202,9 @@ class Node:
         op = DropQueue(queue)
         self.state.apply(op)
         await self.commit([op])
+        self._signal_ready(queue)  # waiters wake and find the queue gone
+        self._ready_version.pop(queue, None)
+        self._ready_nodes.pop(queue, None)
         # Every node may hold messages or a stale registration: tell them all. A node that
         # is down purges on restart, when its repair sweep learns the queue is gone.
         await asyncio.gather(
@@ -164,10 +224,11 @@ class Node:
         return {
             "queue": queue,
             "incarnation": meta.incarnation,
+            "settings": meta.settings.to_wire(),
             "nodes": [{"node": n, "first_uuid": f} for n, f in meta.nodes.items()],
         }
 
-    async def register(self, queue: str, node_id: str, first_uuid: str) -> str:
+    async def register(self, queue: str, node_id: str, first_uuid: str) -> dict[str, Any]:
         meta = self.state.meta.get(queue)
         if meta is None:
             raise QueueNotFound(f"queue {queue!r} does not exist")
@@ -175,7 +236,7 @@ class Node:
             op = Register(queue, node_id, first_uuid)
             self.state.apply(op)
             await self.commit([op])
-        return meta.incarnation
+        return {"incarnation": meta.incarnation, "settings": meta.settings.to_wire()}
 
     async def unregister(self, queue: str, node_id: str) -> None:
         meta = self.state.meta.get(queue)
@@ -184,15 +245,21 @@ class Node:
             self.state.apply(op)
             await self.commit([op])
 
-    async def sweep(self, node_id: str, queues: dict[str, str]) -> list[str]:
-        """Registers `node_id` for each queue it holds messages of; returns the unknown ones."""
+    async def sweep(self, node_id: str, queues: dict[str, str]) -> dict[str, Any]:
+        """Registers `node_id` for each queue it holds messages of.
+
+        Returns the queues that no longer exist (`missing`) and the settings of the rest.
+        """
         missing: list[str] = []
+        settings: dict[str, Any] = {}
         ops: list[Op] = []
         for queue, first_uuid in queues.items():
             meta = self.state.meta.get(queue)
             if meta is None:
                 missing.append(queue)
-            elif node_id not in meta.nodes:
+                continue
+            settings[queue] = meta.settings.to_wire()
+            if node_id not in meta.nodes:
                 op = Register(queue, node_id, first_uuid)
                 self.state.apply(op)
                 ops.append(op)
@@ -200,7 +267,30 @@ class Node:
             log.info("repair sweep re-registered %s for %d queue(s)", node_id, len(ops))
             self.counters["repair_registrations"] += len(ops)
         await self.commit(ops)
-        return missing
+        return {"missing": missing, "settings": settings}
+
+    # ---- long polling (metadata owner side) ------------------------------------------
+    def node_ready(self, queue: str, node_id: str) -> None:
+        """A node reports it has visible messages of `queue`: wake the waiters."""
+        if queue in self.state.meta:
+            self._ready_nodes.setdefault(queue, {})[node_id] = self._ready_version[queue] + 1
+            self._signal_ready(queue)
+
+    def _signal_ready(self, queue: str) -> None:
+        self._ready_version[queue] += 1
+        ev = self._ready_events.pop(queue, None)
+        if ev is not None:
+            ev.set()
+
+    async def _wait_ready(self, queue: str, since: int, timeout_s: float) -> None:
+        """Returns once `queue`'s ready version moves past `since`, or after `timeout_s`."""
+        if self._ready_version[queue] != since:
+            return
+        ev = self._ready_events.get(queue)
+        if ev is None:
+            ev = self._ready_events[queue] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ev.wait(), timeout_s)
 
     def owned_queues(self) -> list[str]:
         return list(self.state.meta)
@@ -211,70 +301,339 @@ class Node:
             lq = self.state.queues.get(queue)
             if lq is not None and lq.registered:
                 return
-            incarnation = await self._on_owner(
+            reply = await self._on_owner(
                 queue,
                 lambda: self.register(queue, self.id, first_uuid),
                 "POST",
                 f"/v1/internal/queues/{queue}/register",
                 {"node": self.id, "first_uuid": first_uuid},
-                lambda j: str(j["incarnation"]),
+                lambda j: dict(j),
             )
+            self.settings[queue] = QueueSettings(**reply["settings"])
             lq = self.state.queues.get(queue)
             if lq is None:
                 lq = self.state.queues[queue] = LocalQueue()
             lq.registered = True
-            lq.incarnation = incarnation
+            lq.incarnation = str(reply["incarnation"])
 
-    async def push_local(self, queue: str, items: Sequence[PushItem]) -> list[str]:
-        """Stores messages this node owns (their ids hash here); replies after commit."""
+    async def queue_settings(self, queue: str) -> QueueSettings:
+        """The settings of `queue`, from the cache or its metadata owner."""
+        cached = self.settings.get(queue)
+        if cached is not None:
+            return cached
+        meta = await self.metadata_via_owner(queue)
+        settings = self.settings[queue] = QueueSettings(**meta["settings"])
+        return settings
+
+    async def push_local(self, queue: str, items: Sequence[PushItem]) -> list[bool]:
+        """Stores messages this node owns (their ids hash here); replies after commit.
+
+        Returns, per item, whether it was a duplicate that stored nothing.
+        """
         state = self.state
         self._check_storage()
         lq = state.queues.get(queue)
         while lq is None or not lq.registered:
-            await self._ensure_registered(queue, items[0][0])
+            await self._ensure_registered(queue, items[0].id)
             lq = state.queues.get(queue)
         # No await between the registration check and the appends: an unregister can
         # only run on an empty UUID queue under the lock, so it cannot interleave here.
+        settings = self.settings[queue]
+        limit = settings.max_message_bytes
+        now = time.time()
         # Check the whole batch before changing anything: a refused batch stores nothing.
-        for mid, _, _ in items:
-            stored = state.messages.get(mid)
-            if stored is not None and stored.queue != queue:
-                raise MessageIdConflict(f"message id {mid} is in use by another queue")
+        for item in items:
+            if limit is not None and len(item.body) > limit:
+                raise MessageTooLarge(
+                    f"message of {len(item.body)} bytes is over queue {queue!r}'s "
+                    f"{limit}-byte limit"
+                )
+            stored = state.messages.get(item.id)
+            if stored is not None and stored.queue != queue and not item.dedup:
+                raise MessageIdConflict(f"message id {item.id} is in use by another queue")
+        was_empty = not lq.ids
         ops: list[Op] = []
-        for mid, body, ctype in items:
-            if mid in state.messages:
-                continue  # the same id pushed twice: store it once
-            ops.append(state.push(queue, mid, body, ctype))
+        duplicate: list[bool] = []
+        for item in items:
+            if state.is_duplicate(item.id, now) if item.dedup else item.id in state.messages:
+                duplicate.append(True)  # a retry or the same id twice: store it once
+                continue
+            duplicate.append(False)
+            window = settings.dedup_window_s if item.dedup else 0.0
+            ops.append(
+                state.push(
+                    queue, item.id, item.body, item.content_type, now=now, dedup_window_s=window
+                )
+            )
         self.counters["pushed"] += len(ops)
+        self.counters["duplicates"] += len(items) - len(ops)
         await self.commit(ops)
-        return [mid for mid, _, _ in items]
+        if was_empty and lq.ids:
+            self._notify_ready(queue)
+        return duplicate
+
+    def _notify_ready(self, queue: str) -> None:
+        """Tells the metadata owner this node has visible messages (long polls wake).
+
+        Fire and forget, at most one call in flight per queue: a notice that fails
+        costs a waiter only its wait, never a message.
+        """
+        if queue in self._notifying:
+            self._notifying[queue] = True  # send once more when the current one returns
+            return
+        self._notifying[queue] = False
+        self._spawn(self._send_ready(queue))
+
+    async def _send_ready(self, queue: str) -> None:
+        try:
+            while True:
+                owner = self.meta_owner(queue)
+                if owner == self.id:
+                    self.node_ready(queue, self.id)
+                else:
+                    try:
+                        await self.peer_call(
+                            owner,
+                            "POST",
+                            f"/v1/internal/queues/{queue}/ready",
+                            json={"node": self.id},
+                        )
+                    except ZdmqError as e:
+                        log.debug("ready notice for %s to %s failed: %s", queue, owner, e)
+                if not self._notifying.get(queue):
+                    return
+                self._notifying[queue] = False
+        finally:
+            self._notifying.pop(queue, None)
 
     def _check_storage(self) -> None:
         # Once a commit failed, memory may be ahead of disk: change nothing more.
         if self.storage.failed is not None:
             raise StorageFailed(f"{self.id}: storage failed: {self.storage.failed}")
 
-    async def pop_local(
-        self, queue: str, limit: int, *, listed: bool = False
-    ) -> list[tuple[str, StoredMessage]]:
-        """Pops up to `limit` messages from this node's UUID queue; [] when it is empty.
+    async def take_local(
+        self,
+        queue: str,
+        limit: int,
+        *,
+        lease_s: float | None = None,
+        receive: bool = False,
+        listed: bool = False,
+    ) -> list[Delivery]:
+        """Pops (or, with `receive`, leases) up to `limit` messages of this node's UUID
+        queue; [] when it has no visible message.
 
+        A receive leases for `lease_s`, or the queue's visibility timeout when None.
         `listed`: the caller came here because the metadata list names this node, so an
         empty node must leave the list even if it holds no UUID queue for `queue` (a
         crash between registering and storing, or a lost unregister, leaves such entries).
         """
         self._check_storage()
-        popped = self.state.pop(queue, limit)
-        if popped:
-            self.counters["popped"] += len(popped)
-            await self.commit([op for _, _, op in popped])
-            return [(mid, m) for mid, m, _ in popped]
-        lq = self.state.queues.get(queue)
+        state = self.state
+        lq = state.queues.get(queue)
+        state.wake(time.time())
+        if lq is not None and lq.ids:
+            settings = self.settings.get(queue)
+            if settings is None:
+                try:
+                    settings = await self.queue_settings(queue)
+                except NodeUnavailable:
+                    if receive:
+                        raise
+            retention = settings.retention_s if settings is not None else None
+            now = time.time()
+            out: list[Delivery]
+            if receive:
+                assert settings is not None
+                vis = lease_s if lease_s is not None else settings.visibility_timeout_s
+                leased, ops = state.lease(
+                    queue,
+                    limit,
+                    now=now,
+                    visibility_s=vis,
+                    new_token=_new_token,
+                    retention_s=retention,
+                )
+                out = [
+                    Delivery(mid, m.body, m.content_type, make_receipt(mid, tok), m.receive_count)
+                    for mid, m, tok in leased
+                ]
+                self.counters["received"] += len(out)
+            else:
+                popped, ops = state.pop(queue, limit, now=now, retention_s=retention)
+                out = [Delivery(mid, m.body, m.content_type) for mid, m in popped]
+                self.counters["popped"] += len(out)
+            await self.commit(ops)
+            if out:
+                return out
+            lq = state.queues.get(queue)
         # Registered or not: after a restart `registered` is False (runtime knowledge)
         # while the owner's durable list may still name this node.
-        if (lq is not None and not lq.ids) or (lq is None and listed):
+        if (lq is not None and not lq.holds()) or (lq is None and listed):
             await self._drop_empty(queue)
         return []
+
+    async def settle_local(
+        self,
+        queue: str,
+        action: str,
+        leases: Sequence[tuple[str, str, str]],
+        *,
+        delay_s: float = 0.0,
+        visibility_s: float = 0.0,
+    ) -> tuple[int, dict[str, str]]:
+        """Acks, nacks or extends leases (receipt, id, token) of messages stored here.
+
+        Returns how many took effect and, per receipt that did not, why. The first of
+        ack / nack / expiry to reach a lease wins; the rest report `lease_expired`.
+        """
+        self._check_storage()
+        state = self.state
+        dlq: str | None = None
+        max_receives: int | None = None
+        if action == "nack":
+            settings = await self.queue_settings(queue)
+            max_receives = settings.max_receives
+            if max_receives is not None and any(
+                (m := state.messages.get(mid)) is not None and m.receive_count >= max_receives
+                for _, mid, _ in leases
+            ):
+                dlq = await self._dead_letter_target(queue, settings, leases[0][1])
+        now = time.time()
+        ops: list[Op] = []
+        failed: dict[str, str] = {}
+        lq = state.queues.get(queue)
+        was_empty = lq is None or not lq.ids
+        for receipt, mid, token in leases:
+            op: Op | None
+            if action == "ack":
+                op = state.ack(queue, mid, token, now)
+            elif action == "extend":
+                op = state.extend(queue, mid, token, now, visibility_s)
+            else:
+                op = state.requeue(
+                    queue,
+                    mid,
+                    token,
+                    now,
+                    delay_s=delay_s,
+                    max_receives=max_receives,
+                    dead_letter_queue=dlq,
+                )
+            if op is None:
+                failed[receipt] = "lease_expired"
+            else:
+                ops.append(op)
+        self.counters[action + "ed"] += len(ops)
+        await self.commit(ops)
+        self._after_requeue(queue, was_empty, ops)
+        return len(ops), failed
+
+    def _after_requeue(self, queue: str, was_empty: bool, ops: Sequence[Op]) -> None:
+        dlqs = {op.dlq for op in ops if isinstance(op, DeadLetter)}
+        self.counters["dead_lettered"] += sum(1 for op in ops if isinstance(op, DeadLetter))
+        lq = self.state.queues.get(queue)
+        if was_empty and lq is not None and lq.ids:
+            self._notify_ready(queue)
+        for dlq in dlqs:
+            self._notify_ready(dlq)
+
+    async def _dead_letter_target(
+        self, queue: str, settings: QueueSettings, first_uuid: str
+    ) -> str | None:
+        """Registers this node with `queue`'s dead-letter queue before a move into it.
+
+        Returns the DLQ's name, or None when it cannot take messages (deleted, or its
+        metadata owner is down): the message is then requeued in `queue` instead, so it
+        is never dropped.
+        """
+        dlq = settings.dead_letter_queue
+        if dlq is None:
+            return None
+        try:
+            lq = self.state.queues.get(dlq)
+            while lq is None or not lq.registered:
+                await self._ensure_registered(dlq, first_uuid)
+                lq = self.state.queues.get(dlq)
+        except ZdmqError as e:
+            log.warning("dead-letter queue %s of %s is unavailable: %s", dlq, queue, e)
+            self.counters["dead_letter_failed"] += 1
+            return None
+        return dlq
+
+    # ---- the lease monitor ---------------------------------------------------------
+    async def monitor_once(self, now: float, housekeeping: bool) -> None:
+        """Requeues (or dead-letters) expired leases and wakes delayed messages; with
+        `housekeeping`, also drops messages past retention and forgets old dedup records."""
+        state = self.state
+        if self.storage.failed is not None:
+            return
+        for queue in state.wake(now):
+            self._notify_ready(queue)
+        by_queue: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+        for queue, mid, token in state.due_leases(now):
+            by_queue[queue].append((mid, token))
+        for queue, due in by_queue.items():
+            try:
+                settings = await self.queue_settings(queue)
+                dlq = None
+                if settings.max_receives is not None and any(
+                    (m := state.messages.get(mid)) is not None
+                    and m.receive_count >= settings.max_receives
+                    for mid, _ in due
+                ):
+                    dlq = await self._dead_letter_target(queue, settings, due[0][0])
+            except ZdmqError as e:
+                log.warning("lease monitor: %s: %s; retrying", queue, e)
+                for mid, _ in due:
+                    state.recheck(mid)
+                continue
+            lq = state.queues.get(queue)
+            was_empty = lq is None or not lq.ids
+            ops: list[Op] = []
+            for mid, token in due:
+                op = state.requeue(
+                    queue,
+                    mid,
+                    token,
+                    now,
+                    expired=True,
+                    max_receives=settings.max_receives,
+                    dead_letter_queue=dlq,
+                )
+                if op is not None:
+                    ops.append(op)
+            self.counters["expired"] += len(ops)
+            await self.commit(ops)
+            self._after_requeue(queue, was_empty, ops)
+        if housekeeping:
+            ops = []
+            for queue in list(state.queues):
+                known = self.settings.get(queue)
+                if known is not None:
+                    ops.extend(state.expired_by_retention(queue, now, known.retention_s))
+            self.counters["retention_dropped"] += len(ops)
+            forget = state.forget_dedup(now)
+            if forget is not None:
+                ops.append(forget)
+            await self.commit(ops)
+
+    async def monitor_loop(self) -> None:
+        last_housekeeping = 0.0
+        while True:
+            now = time.time()
+            housekeeping = now - last_housekeeping >= HOUSEKEEPING_S
+            if housekeeping:
+                last_housekeeping = now
+            try:
+                await self.monitor_once(now, housekeeping)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep monitoring whatever one round hit
+                log.exception("lease monitor round failed")
+            due = self.state.next_timer()
+            sleep = MONITOR_TICK_S if due is None else min(MONITOR_TICK_S, due - time.time())
+            await asyncio.sleep(max(sleep, 0.005))
 
     async def _drop_empty(self, queue: str) -> None:
         """ZDMQ's empty step: drop the UUID queue, reset firstUUID, leave the metadata list."""
@@ -300,44 +659,86 @@ class Node:
     async def purge_local(self, queue: str) -> int:
         async with self._locks[queue]:
             n = self.state.depth(queue)
+            self.settings.pop(queue, None)
             op = self.state.purge(queue)
             if op is not None:
                 await self.commit([op])
             return n
 
-    def depth(self, queue: str) -> int:
-        return self.state.depth(queue)
+    def depth(self, queue: str) -> dict[str, int]:
+        counts = self.state.counts(queue)
+        counts["depth"] = self.state.depth(queue)
+        return counts
 
     # ---- cluster-wide operations any node serves ------------------------------------
-    async def routed_pop(self, queue: str, limit: int) -> list[tuple[str, StoredMessage]]:
-        """A pop on behalf of a caller that does not route itself (curl, Locust)."""
-        got = await self.pop_local(queue, limit)
-        if got:
-            return got
-        meta = await self.metadata_via_owner(queue)
-        nodes = [e["node"] for e in meta["nodes"] if e["node"] != self.id]
-        random.shuffle(nodes)
-        down: list[str] = []
-        for node_id in nodes:
-            try:
+    async def routed_take(
+        self,
+        queue: str,
+        limit: int,
+        *,
+        receive: bool = False,
+        lease_s: float | None = None,
+        wait_s: float = 0.0,
+    ) -> list[Delivery]:
+        """A pop or receive on behalf of a caller that does not route itself (curl,
+        Locust), or a client's long poll: here, then the nodes the metadata list names.
+
+        With `wait_s`, waiting happens on the queue's metadata owner, which hears from
+        every node that gets visible messages: a non-owner forwards the wait there.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        owner = self.meta_owner(queue)
+        kind = "receive" if receive else "pop"
+        params = {"max": str(limit)}
+        if lease_s is not None:
+            params["visibility_s"] = repr(lease_s)
+        while True:
+            version = self._ready_version[queue]
+            got = await self.take_local(queue, limit, lease_s=lease_s, receive=receive)
+            if got:
+                return got
+            meta = await self.metadata_via_owner(queue)
+            nodes = [e["node"] for e in meta["nodes"] if e["node"] != self.id]
+            random.shuffle(nodes)
+            # Nodes that reported visible messages since the last look go first.
+            fresh = self._ready_nodes.get(queue, {})
+            nodes.sort(key=lambda n: -fresh.get(n, 0))
+            down: list[str] = []
+            for node_id in nodes:
+                try:
+                    reply = await self.peer_call(
+                        node_id,
+                        "POST",
+                        f"/v1/queues/{queue}/{kind}",
+                        params=params,
+                        headers={ROUTE_HEADER: "local", LISTED_HEADER: "1"},
+                    )
+                except NodeUnavailable as e:
+                    log.warning("%s at %s failed: %s", kind, node_id, e)
+                    down.append(node_id)
+                    continue
+                msgs = [_delivery_from_wire(m) for m in reply.json()["messages"]]
+                if msgs:
+                    return msgs
+            if down:
+                # Never call a queue empty while a node that may hold its messages is down.
+                raise NodeUnavailable(f"queue {queue!r}: listed node(s) {down} did not answer")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            if owner != self.id:
+                params["wait_s"] = repr(remaining)
                 reply = await self.peer_call(
-                    node_id,
+                    owner,
                     "POST",
-                    f"/v1/queues/{queue}/pop",
-                    params={"max": str(limit)},
-                    headers={ROUTE_HEADER: "local", LISTED_HEADER: "1"},
+                    f"/v1/queues/{queue}/{kind}",
+                    params=params,
+                    headers={ROUTE_HEADER: "owner"},
+                    timeout_s=remaining + self.config.request_timeout_s,
                 )
-            except NodeUnavailable as e:
-                log.warning("pop at %s failed: %s", node_id, e)
-                down.append(node_id)
-                continue
-            msgs = [message_from_wire(m) for m in reply.json()["messages"]]
-            if msgs:
-                return [(m.id, StoredMessage(queue, 0, m.body, m.content_type)) for m in msgs]
-        if down:
-            # Never call a queue empty while a node that may hold its messages is down.
-            raise NodeUnavailable(f"queue {queue!r}: listed node(s) {down} did not answer")
-        return []
+                return [_delivery_from_wire(m) for m in reply.json()["messages"]]
+            await self._wait_ready(queue, version, remaining)
 
     async def metadata_via_owner(self, queue: str) -> dict[str, Any]:
         async def local() -> dict[str, Any]:
@@ -351,27 +752,35 @@ class Node:
         """Depth per node, asked of every node (a node down is reported, not guessed)."""
         meta = await self.metadata_via_owner(queue)
 
-        async def depth_on(node_id: str) -> int:
+        async def depth_on(node_id: str) -> dict[str, int]:
             if node_id == self.id:
                 return self.depth(queue)
             reply = await self.peer_call(node_id, "GET", f"/v1/internal/queues/{queue}/depth")
-            return int(reply.json()["depth"])
+            return {k: int(v) for k, v in reply.json().items()}
 
         ids = self.config.node_ids
         results = await asyncio.gather(*(depth_on(n) for n in ids), return_exceptions=True)
         depth: dict[str, int] = {}
+        totals: defaultdict[str, int] = defaultdict(int)
         unavailable: list[str] = []
         for node_id, r in zip(ids, results, strict=True):
             if isinstance(r, BaseException):
                 unavailable.append(node_id)
-            elif r:
-                depth[node_id] = r
+                continue
+            if r["depth"]:
+                depth[node_id] = r["depth"]
+            for key in ("in_flight", "delayed", "dead_lettered"):
+                totals[key] += r.get(key, 0)
         return {
             "queue": queue,
             "messages": sum(depth.values()),
+            "in_flight": totals["in_flight"],
+            "delayed": totals["delayed"],
+            "dead_lettered": totals["dead_lettered"],
             "nodes": sorted(depth),
             "depth": depth,
             "registered": [e["node"] for e in meta["nodes"]],
+            "settings": meta["settings"],
             "unavailable": unavailable,
         }
 
@@ -393,13 +802,14 @@ class Node:
         """
         by_owner: defaultdict[str, dict[str, str]] = defaultdict(dict)
         for queue, lq in self.state.queues.items():
-            if lq.ids:
-                by_owner[self.meta_owner(queue)][queue] = lq.first_uuid or lq.ids[0]
+            if lq.holds():
+                first = lq.first_uuid or next(iter((*lq.ids, *lq.leased, *lq.delayed)))
+                by_owner[self.meta_owner(queue)][queue] = first
         failures = 0
         for owner, queues in by_owner.items():
             try:
                 if owner == self.id:
-                    missing = await self.sweep(self.id, queues)
+                    result = await self.sweep(self.id, queues)
                 else:
                     reply = await self.peer_call(
                         owner,
@@ -407,12 +817,14 @@ class Node:
                         "/v1/internal/sweep",
                         json={"node": self.id, "queues": queues},
                     )
-                    missing = list(reply.json()["missing"])
+                    result = reply.json()
             except ZdmqError as e:
                 failures += 1
                 log.debug("repair sweep: %s unreachable: %s", owner, e)
                 continue
-            for queue in missing:
+            for queue, settings in result.get("settings", {}).items():
+                self.settings[queue] = QueueSettings(**settings)
+            for queue in result["missing"]:
                 # Deleted while this node was away: its messages go with it.
                 n = await self.purge_local(queue)
                 if n:
@@ -426,3 +838,18 @@ class Node:
             except Exception:  # keep sweeping whatever one round hit
                 log.exception("repair sweep failed")
             await asyncio.sleep(self.config.repair_interval_s)
+
+
+def _new_token() -> str:
+    return secrets.token_hex(8)
+
+
+def _delivery_from_wire(item: dict[str, Any]) -> Delivery:
+    body = decode_body(item.get("body"), item.get("encoding", "utf-8"), 1 << 62)
+    return Delivery(
+        item["id"],
+        body,
+        item.get("content_type"),
+        item.get("receipt"),
+        int(item.get("receive_count", 0)),
+    )

@@ -26,16 +26,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from zdmq.errors import StorageFailed
+from zdmq.models import QueueSettings
 from zdmq.server.state import (
     CreateQueue,
+    DeadLetter,
     DropQueue,
+    Extend,
+    ForgetDedup,
+    Lease,
     NodeState,
     Op,
     Purge,
     Push,
     Register,
     Remove,
+    Requeue,
     Unregister,
 )
 
@@ -49,12 +57,24 @@ CREATE TABLE IF NOT EXISTS messages (
     queue TEXT NOT NULL,
     id TEXT NOT NULL,
     content_type TEXT,
-    body BLOB NOT NULL
+    body BLOB NOT NULL,
+    enqueued_at REAL NOT NULL DEFAULT 0,
+    receive_count INTEGER NOT NULL DEFAULT 0,
+    lease TEXT,
+    lease_until REAL NOT NULL DEFAULT 0,
+    visible_at REAL NOT NULL DEFAULT 0,
+    origin TEXT
 );
 CREATE TABLE IF NOT EXISTS queues (
     name TEXT PRIMARY KEY,
     incarnation TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    settings TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS dedup (
+    id TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    until REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS registrations (
     queue TEXT NOT NULL,
@@ -129,21 +149,36 @@ class SqliteStorage(Storage):
         conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'OFF'}")
         conn.execute("PRAGMA temp_store=MEMORY")
         conn.executescript(_SCHEMA)
+        _migrate(conn)
         self._conn = conn
         state = NodeState()
-        for name, incarnation, created_at in conn.execute(
-            "SELECT name, incarnation, created_at FROM queues"
+        for name, incarnation, created_at, settings in conn.execute(
+            "SELECT name, incarnation, created_at, settings FROM queues"
         ):
-            state.apply(CreateQueue(name, incarnation, created_at))
+            cfg = QueueSettings(**orjson.loads(settings))
+            state.apply(CreateQueue(name, incarnation, created_at, cfg))
         for queue, node, first_uuid in conn.execute(
             "SELECT queue, node, first_uuid FROM registrations ORDER BY registered_at"
         ):
             if queue in state.meta:
                 state.apply(Register(queue, node, first_uuid))
-        for seq, queue, mid, ctype, body in conn.execute(
-            "SELECT seq, queue, id, content_type, body FROM messages ORDER BY seq"
+        now = time.time()
+        for row in conn.execute(
+            "SELECT seq, queue, id, content_type, body, enqueued_at, receive_count, lease, "
+            "lease_until, visible_at, origin FROM messages ORDER BY seq"
         ):
-            state.apply(Push(queue, mid, seq, bytes(body), ctype))
+            seq, queue, mid, ctype, body, enqueued_at, count, lease, until, visible, origin = row
+            state.restore(
+                Push(queue, mid, seq, bytes(body), ctype, enqueued_at),
+                receive_count=count,
+                lease=lease,
+                lease_until=until,
+                visible_at=visible,
+                origin=origin,
+                now=now,
+            )
+        for mid, queue, until in conn.execute("SELECT id, queue, until FROM dedup ORDER BY until"):
+            state.restore_dedup(mid, queue, until)
         return state
 
     # ---- group commit ------------------------------------------------------------------
@@ -222,11 +257,64 @@ class SqliteStorage(Storage):
         self._executor.shutdown(wait=True)
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Adds the columns a database from zdmq 0.1's first schema lacks."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+    for column, decl in (
+        ("enqueued_at", "REAL NOT NULL DEFAULT 0"),
+        ("receive_count", "INTEGER NOT NULL DEFAULT 0"),
+        ("lease", "TEXT"),
+        ("lease_until", "REAL NOT NULL DEFAULT 0"),
+        ("visible_at", "REAL NOT NULL DEFAULT 0"),
+        ("origin", "TEXT"),
+    ):
+        if column not in have:
+            conn.execute(f"ALTER TABLE messages ADD COLUMN {column} {decl}")
+    if "settings" not in {row[1] for row in conn.execute("PRAGMA table_info(queues)")}:
+        conn.execute("ALTER TABLE queues ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
+
+
 def _w_push(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
     conn.executemany(
-        "INSERT INTO messages (seq, queue, id, content_type, body) VALUES (?, ?, ?, ?, ?)",
-        [(op.seq, op.queue, op.id, op.content_type, op.body) for op in ops],
+        "INSERT INTO messages (seq, queue, id, content_type, body, enqueued_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        [(op.seq, op.queue, op.id, op.content_type, op.body, op.enqueued_at) for op in ops],
     )
+    dedup = [(op.id, op.queue, op.dedup_until) for op in ops if op.dedup_until > 0]
+    if dedup:
+        conn.executemany("INSERT OR REPLACE INTO dedup (id, queue, until) VALUES (?, ?, ?)", dedup)
+
+
+def _w_lease(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany(
+        "UPDATE messages SET lease = ?, lease_until = ?, receive_count = ? WHERE seq = ?",
+        [(op.token, op.until, op.receive_count, op.seq) for op in ops],
+    )
+
+
+def _w_extend(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany(
+        "UPDATE messages SET lease_until = ? WHERE seq = ?", [(op.until, op.seq) for op in ops]
+    )
+
+
+def _w_requeue(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany(
+        "UPDATE messages SET lease = NULL, lease_until = 0, visible_at = ? WHERE seq = ?",
+        [(op.visible_at, op.seq) for op in ops],
+    )
+
+
+def _w_dead_letter(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.executemany(
+        "UPDATE messages SET queue = ?, origin = ?, receive_count = 0, lease = NULL, "
+        "lease_until = 0, visible_at = 0, enqueued_at = ? WHERE seq = ?",
+        [(op.dlq, op.queue, op.moved_at, op.seq) for op in ops],
+    )
+
+
+def _w_forget_dedup(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    conn.execute("DELETE FROM dedup WHERE until < ?", (max(op.before for op in ops),))
 
 
 def _w_remove(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
@@ -235,6 +323,7 @@ def _w_remove(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
 
 def _w_purge(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
     conn.executemany("DELETE FROM messages WHERE seq = ?", [(s,) for op in ops for s in op.seqs])
+    conn.executemany("DELETE FROM dedup WHERE queue = ?", [(op.queue,) for op in ops])
 
 
 def _w_register(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
@@ -255,8 +344,12 @@ def _w_unregister(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
 
 def _w_create(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
     conn.executemany(
-        "INSERT OR REPLACE INTO queues (name, incarnation, created_at) VALUES (?, ?, ?)",
-        [(op.queue, op.incarnation, op.created_at) for op in ops],
+        "INSERT OR REPLACE INTO queues (name, incarnation, created_at, settings) "
+        "VALUES (?, ?, ?, ?)",
+        [
+            (op.queue, op.incarnation, op.created_at, orjson.dumps(op.settings.to_wire()).decode())
+            for op in ops
+        ],
     )
 
 
@@ -274,6 +367,11 @@ _WRITERS: dict[type, Callable[[sqlite3.Connection, Sequence[Any]], None]] = {
     Unregister: _w_unregister,
     CreateQueue: _w_create,
     DropQueue: _w_drop,
+    Lease: _w_lease,
+    Extend: _w_extend,
+    Requeue: _w_requeue,
+    DeadLetter: _w_dead_letter,
+    ForgetDedup: _w_forget_dedup,
 }
 
 

@@ -1,0 +1,340 @@
+"""The consumer loop: leases, handlers, acks, heartbeats and a graceful shutdown.
+
+Two ways to use it, both `async for`:
+
+    # 1. With a handler: `concurrency` handlers run at once; each message is acked when
+    #    its handler returns and nacked with exponential backoff when it raises. The
+    #    loop yields an `Outcome` per settled message.
+    async for outcome in client.consume("jobs", handle, concurrency=8):
+        ...
+
+    # 2. Without one: the loop body is the handler. A message is acked when the body
+    #    asks for the next one; `consumer.nack(msg)` releases it instead. Up to
+    #    `concurrency` messages are leased ahead.
+    async for msg in client.consume("jobs"):
+        ...
+
+Every message the consumer holds (leased ahead, or being handled) has its lease
+extended every `visibility_s / 3` seconds, so a slow handler never loses its lease and
+never causes a duplicate. On `stop()`, SIGTERM/SIGINT (with `handle_signals=True`), a
+`break` or the cancellation of the task that iterates, it stops receiving, lets running
+handlers finish (up to `shutdown_timeout_s`) and settles them, and releases (nacks
+without delay) every message it leased but did not start, so they are redelivered at
+once rather than after their visibility timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from zdmq.errors import ZdmqError
+from zdmq.models import ReceivedMessage
+
+if TYPE_CHECKING:
+    from zdmq.client.client import Client
+
+__all__ = ["Consumer", "Handler", "Outcome"]
+
+log = logging.getLogger("zdmq.consumer")
+
+Handler = Callable[[ReceivedMessage], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one message ended in a handler consumer."""
+
+    message: ReceivedMessage
+    acked: bool  # the handler returned and the ack took effect
+    error: BaseException | None = None  # what the handler raised (then it was nacked)
+    code: str | None = None  # why the ack or nack did not take effect (e.g. lease_expired)
+
+
+_DONE: Any = object()
+
+
+class Consumer:
+    def __init__(
+        self,
+        client: Client,
+        queue: str,
+        handler: Handler | None = None,
+        *,
+        concurrency: int = 1,
+        visibility_s: float | None = None,
+        wait_s: float = 20.0,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 300.0,
+        shutdown_timeout_s: float = 30.0,
+        burst: bool = False,
+        handle_signals: bool = False,
+    ) -> None:
+        """
+        concurrency          handlers at once (with a handler), messages leased ahead (without)
+        visibility_s         lease length; default: the queue's visibility timeout
+        wait_s               long-poll wait of each receive (0..20)
+        backoff_s            a failed message is nacked with delay backoff_s * 2**(receives-1),
+        max_backoff_s          at most max_backoff_s
+        shutdown_timeout_s   how long running handlers may take to finish on stop
+        burst                stop once a receive finds the queue empty (drain and exit)
+        handle_signals       stop gracefully on SIGTERM and SIGINT
+        """
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.client = client
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.visibility_s = visibility_s
+        self.wait_s = wait_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.burst = burst
+        self.handle_signals = handle_signals
+        self._stopping = asyncio.Event()
+        self._held: dict[str, ReceivedMessage] = {}  # receipt -> message, until settled
+        self._ready: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._drained = False
+        self.received = 0
+        self.acked = 0
+        self.nacked = 0
+        self.extended = 0
+        self.lost_leases = 0
+
+    # ---- control ---------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop receiving; running handlers finish, unstarted messages are released."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def ack(self, msg: ReceivedMessage) -> bool:
+        """Acks a message now (body mode); False when its lease had already ended."""
+        self._held.pop(msg.receipt, None)
+        self._room.set()
+        result = await self.client.ack(self.queue, msg.receipt)
+        self.acked += result.done
+        return result.ok
+
+    async def nack(self, msg: ReceivedMessage, delay_s: float = 0.0) -> bool:
+        """Releases a message now (body mode): visible again after `delay_s`."""
+        self._held.pop(msg.receipt, None)
+        self._room.set()
+        result = await self.client.nack(self.queue, msg.receipt, delay_s=delay_s)
+        self.nacked += result.done
+        return result.ok
+
+    def backoff(self, msg: ReceivedMessage) -> float:
+        return float(min(self.max_backoff_s, self.backoff_s * 2 ** (msg.receive_count - 1)))
+
+    # ---- the loop --------------------------------------------------------------------
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._run()
+
+    async def _run(self) -> AsyncIterator[Any]:
+        if self.visibility_s is None:
+            settings = await self.client.queue_settings(self.queue)
+            self.visibility_s = settings.visibility_timeout_s
+        tasks = [
+            asyncio.create_task(self._receive_loop(), name="zdmq-consumer-receive"),
+            asyncio.create_task(self._heartbeat_loop(), name="zdmq-consumer-heartbeat"),
+        ]
+        workers: list[asyncio.Task[None]] = []
+        outcomes: asyncio.Queue[Any] = asyncio.Queue()
+        if self.handler is not None:
+            workers = [
+                asyncio.create_task(self._work(outcomes), name=f"zdmq-consumer-{i}")
+                for i in range(self.concurrency)
+            ]
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT) if self.handle_signals else ()
+        for sig in signals:
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            if self.handler is not None:
+                watcher = asyncio.create_task(self._end_when_workers_finish(workers, outcomes))
+                tasks.append(watcher)
+                while (item := await outcomes.get()) is not _DONE:
+                    yield item
+            else:
+                while (msg := await self._next_message()) is not None:
+                    yield msg
+                    if msg.receipt in self._held:
+                        await self.ack(msg)  # the body finished with it
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await self._shutdown(tasks, workers)
+
+    async def _next_message(self) -> ReceivedMessage | None:
+        """Body mode: the next leased message, or None once stopped or drained."""
+        while True:
+            if not self._ready.empty():
+                msg = self._ready.get_nowait()
+                return None if msg is _DONE else msg
+            if self.stopping or (self._drained and not self._held):
+                return None
+            getter = asyncio.ensure_future(self._ready.get())
+            stop = asyncio.ensure_future(self._stopping.wait())
+            done, _ = await asyncio.wait({getter, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if getter in done:
+                msg = getter.result()
+                return None if msg is _DONE else msg
+            getter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await getter
+
+    async def _receive_loop(self) -> None:
+        assert self.visibility_s is not None
+        while not self.stopping:
+            room = self.concurrency - len(self._held)
+            if room <= 0:
+                self._room.clear()
+                await self._wait_or_stop(self._room.wait())
+                continue
+            try:
+                msgs = await self.client.receive(
+                    self.queue,
+                    min(room, 100),
+                    visibility_s=self.visibility_s,
+                    wait_s=0.0 if self.burst else self.wait_s,
+                )
+            except ZdmqError as e:
+                if not e.retriable:
+                    raise
+                log.warning("receive from %s failed, retrying: %s", self.queue, e)
+                await self._wait_or_stop(asyncio.sleep(1.0))
+                continue
+            self.received += len(msgs)
+            for msg in msgs:
+                self._held[msg.receipt] = msg
+                self._ready.put_nowait(msg)
+            if not msgs and self.burst:
+                self._drained = True
+                if self.handler is None:
+                    # Wake a body waiting for a message that will not come.
+                    self._ready.put_nowait(_DONE)
+                return
+
+    async def _wait_or_stop(self, aw: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        for t in (task, stop):
+            t.cancel()
+
+    async def _heartbeat_loop(self) -> None:
+        """Extends every held lease well before it runs out."""
+        assert self.visibility_s is not None
+        interval = max(self.visibility_s / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            receipts = list(self._held)
+            if not receipts:
+                continue
+            try:
+                result = await self.client.extend(self.queue, receipts, self.visibility_s)
+            except ZdmqError as e:
+                log.warning("extending %d lease(s) failed: %s", len(receipts), e)
+                continue
+            self.extended += result.done
+            for receipt, code in result.failed.items():
+                if code == "lease_expired":
+                    # Too late: the message is someone else's now; do not settle it.
+                    self.lost_leases += 1
+                    log.warning("lease %s ran out before it could be extended", receipt)
+
+    async def _work(self, outcomes: asyncio.Queue[Any]) -> None:
+        assert self.handler is not None
+        while True:
+            msg = await self._ready.get()
+            if msg is _DONE:
+                return
+            try:
+                await self.handler(msg)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                outcomes.put_nowait(await self._settle(msg, e))
+            else:
+                outcomes.put_nowait(await self._settle(msg, None))
+
+    async def _settle(self, msg: ReceivedMessage, error: BaseException | None) -> Outcome:
+        self._held.pop(msg.receipt, None)
+        self._room.set()
+        try:
+            if error is None:
+                result = await self.client.ack(self.queue, msg.receipt)
+                self.acked += result.done
+            else:
+                result = await self.client.nack(self.queue, msg.receipt, delay_s=self.backoff(msg))
+                self.nacked += result.done
+        except ZdmqError as e:
+            # The lease runs out and the message comes back: at-least-once holds.
+            return Outcome(msg, False, error, e.code)
+        code = result.failed.get(msg.receipt)
+        return Outcome(msg, error is None and code is None, error, code)
+
+    async def _end_when_workers_finish(
+        self, workers: list[asyncio.Task[None]], outcomes: asyncio.Queue[Any]
+    ) -> None:
+        """Handler mode: once stopped (or drained), let workers finish, then end the loop."""
+        while not self.stopping:
+            if self._drained and not self._held:
+                break
+            await self._wait_or_stop(asyncio.sleep(0.05))
+        await self._release_unstarted()
+        for _ in workers:
+            self._ready.put_nowait(_DONE)
+        await asyncio.wait(workers, timeout=self.shutdown_timeout_s)
+        outcomes.put_nowait(_DONE)
+
+    async def _release_unstarted(self) -> None:
+        unstarted: list[ReceivedMessage] = []
+        while not self._ready.empty():
+            msg = self._ready.get_nowait()
+            if msg is not _DONE:
+                unstarted.append(msg)
+        await self._release(unstarted)
+
+    async def _release(self, msgs: list[ReceivedMessage]) -> None:
+        for msg in msgs:
+            self._held.pop(msg.receipt, None)
+        if msgs:
+            with contextlib.suppress(ZdmqError):
+                result = await self.client.nack(self.queue, [m.receipt for m in msgs])
+                self.nacked += result.done
+
+    async def _shutdown(
+        self, tasks: list[asyncio.Task[Any]], workers: list[asyncio.Task[None]]
+    ) -> None:
+        self.stop()
+        started = time.monotonic()
+        tasks[0].cancel()  # the receive loop: a lease it was granted mid-call expires later
+        await self._release_unstarted()
+        if workers:
+            pending = [w for w in workers if not w.done()]
+            for _ in pending:
+                self._ready.put_nowait(_DONE)
+            if pending:
+                left = max(self.shutdown_timeout_s - (time.monotonic() - started), 0.0)
+                await asyncio.wait(pending, timeout=left)
+            for w in workers:
+                w.cancel()
+        # Body mode: whatever is still held (the message in hand included) goes back.
+        await self._release(list(self._held.values()))
+        for t in tasks + workers:
+            t.cancel()
+        await asyncio.gather(*tasks, *workers, return_exceptions=True)
