@@ -99,6 +99,27 @@ async def run_workloads(config_path: Path, n: int) -> dict[str, dict[str, float]
         while got < batches * 100:
             got += len(await c.pop_many(q, 100))
         out["batch-pop"] = {"rate": got / (time.perf_counter() - t0)}
+
+        # At-least-once: a receive and its ack, each a durable write.
+        async def receive_ack() -> None:
+            [m] = await c.receive(q, 1)
+            assert (await c.ack(q, m.receipt)).ok
+
+        for _ in range(n // 100 + 1):
+            await c.push_many(q, [BODY] * 100)
+        out["seq-recv+ack"] = await _timed_seq(n, receive_ack)
+        for _ in range(3 * n // 100 + 1):
+            await c.push_many(q, [BODY] * 100)
+        out["conc-recv+ack"] = await _timed_conc(n * 3, 32, receive_ack)
+        for _ in range(batches):
+            await c.push_many(q, [BODY] * 100)
+        t0 = time.perf_counter()
+        got = 0
+        while got < batches * 100:
+            msgs = await c.receive(q, 100)
+            assert (await c.ack(q, [m.receipt for m in msgs])).ok
+            got += len(msgs)
+        out["batch-recv+ack"] = {"rate": got / (time.perf_counter() - t0)}
         await c.delete_queue(q)
     return out
 
@@ -119,7 +140,7 @@ def main() -> None:
         "runs": [],
     }
     cols = ("nodes", "durability", "workload", "msgs/s", "p50 ms", "p99 ms")
-    print("{:>5} {:>10} {:>10} {:>10} {:>8} {:>8}".format(*cols))
+    print("{:>5} {:>10} {:>14} {:>10} {:>8} {:>8}".format(*cols))
     for nodes in args.nodes:
         for durability in args.durability:
             with (
@@ -131,7 +152,7 @@ def main() -> None:
                 p50 = f"{r['p50_ms']:.3f}" if "p50_ms" in r else "-"
                 p99 = f"{r['p99_ms']:.3f}" if "p99_ms" in r else "-"
                 print(
-                    f"{nodes:>5} {durability:>10} {name:>10} {r['rate']:>10,.0f} {p50:>8} {p99:>8}"
+                    f"{nodes:>5} {durability:>10} {name:>14} {r['rate']:>10,.0f} {p50:>8} {p99:>8}"
                 )
                 results["runs"].append(
                     {"nodes": nodes, "durability": durability, "workload": name, **r}

@@ -59,7 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = sub.add_parser("queue", help="create, delete, list or inspect queues")
     qsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for action in ("create", "delete", "stats"):
+    create = qsub.add_parser("create", parents=[common])
+    create.add_argument("queue")
+    create.add_argument("--visibility-timeout", type=float, help="seconds a lease lasts (30)")
+    create.add_argument("--max-receives", type=int, help="deliveries before dead-lettering")
+    create.add_argument("--dead-letter-queue", help="where messages past --max-receives go")
+    create.add_argument("--retention", type=float, help="seconds a message is kept (4 days)")
+    create.add_argument("--dedup-window", type=float, help="seconds a dedup id is kept (300)")
+    create.add_argument("--max-message-bytes", type=int, help="the queue's body size limit")
+    for action in ("delete", "stats"):
         qsub.add_parser(action, parents=[common]).add_argument("queue")
     qsub.add_parser("list", parents=[common])
 
@@ -68,11 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("body", nargs="?", help="the body (default: read stdin)")
     p.add_argument("--file", type=Path, help="read the body from this file")
     p.add_argument("--content-type", help="the body's content type")
+    p.add_argument("--dedup-id", help="retries with the same dedup id store the message once")
 
     p = sub.add_parser("pop", help="pop messages and print their bodies")
     p.add_argument("queue")
     p.add_argument("-n", "--count", type=int, default=1, help="how many (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object a message")
+    p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a message (0-20)")
 
     p = sub.add_parser("demo", help="start the local cluster, push and pop, report")
     p.add_argument("--messages", type=int, default=5000, help="how many (default %(default)s)")
@@ -160,8 +170,17 @@ async def _status(config: ClusterConfig, args: argparse.Namespace) -> int:
 async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
     async with Client(config=config) as c:
         if args.action == "create":
-            await c.create_queue(args.queue)
-            print(f"created {args.queue}")
+            settings = await c.create_queue(
+                args.queue,
+                visibility_timeout_s=args.visibility_timeout,
+                max_receives=args.max_receives,
+                dead_letter_queue=args.dead_letter_queue,
+                retention_s=args.retention,
+                dedup_window_s=args.dedup_window,
+                max_message_bytes=args.max_message_bytes,
+            )
+            given = ", ".join(f"{k}={v}" for k, v in settings.to_wire().items() if v is not None)
+            print(f"created {args.queue} ({given})")
         elif args.action == "delete":
             await c.delete_queue(args.queue)
             print(f"deleted {args.queue}")
@@ -171,7 +190,10 @@ async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
         else:
             s = await c.stats(args.queue)
             depth = " ".join(f"{n}={d}" for n, d in sorted(s.depth.items()))
-            print(f"{s.queue}: {s.messages} messages ({depth or 'empty'})")
+            print(
+                f"{s.queue}: {s.messages} messages ({depth or 'empty'}); "
+                f"{s.in_flight} in flight, {s.delayed} delayed, {s.dead_lettered} dead-lettered"
+            )
     return 0
 
 
@@ -183,14 +205,16 @@ async def _push(config: ClusterConfig, args: argparse.Namespace) -> int:
     else:
         body = sys.stdin.buffer.read()
     async with Client(config=config) as c:
-        print(await c.push(args.queue, body, content_type=args.content_type))
+        print(
+            await c.push(args.queue, body, content_type=args.content_type, dedup_id=args.dedup_id)
+        )
     return 0
 
 
 async def _pop(config: ClusterConfig, args: argparse.Namespace) -> int:
     async with Client(config=config) as c:
         for _ in range(args.count):
-            m = await c.pop(args.queue)
+            m = await c.pop(args.queue, wait_s=args.wait)
             if m is None:
                 print("(empty)", file=sys.stderr)
                 return 0

@@ -28,6 +28,35 @@ def zdmq(
     )
 
 
+def test_queue_create_takes_delivery_settings_and_push_takes_a_dedup_id(
+    cluster4: LocalCluster,
+) -> None:
+    cfg = str(cluster4.config_path)
+    dlq, q = unique("cli-dlq"), unique("cli")
+    assert zdmq("queue", "create", dlq, "--config", cfg).returncode == 0
+    made = zdmq(
+        "queue",
+        "create",
+        q,
+        "--visibility-timeout",
+        "5",
+        "--max-receives",
+        "2",
+        "--dead-letter-queue",
+        dlq,
+        "--config",
+        cfg,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "visibility_timeout_s=5.0" in made.stdout and f"dead_letter_queue={dlq}" in made.stdout
+    bad = zdmq("queue", "create", unique("cli"), "--max-receives", "2", "--config", cfg)
+    assert bad.returncode == 1 and "dead_letter_queue" in bad.stderr
+    ids = {zdmq("push", q, "once", "--dedup-id", "k1", "--config", cfg).stdout for _ in range(3)}
+    assert len(ids) == 1
+    stats = zdmq("queue", "stats", q, "--config", cfg)
+    assert f"{q}: 1 messages" in stats.stdout and "0 in flight" in stats.stdout
+
+
 def test_demo_on_a_running_cluster_pushes_and_pops_every_message_once(
     cluster4: LocalCluster,
 ) -> None:

@@ -58,6 +58,8 @@ class Outcome:
 
 
 _DONE: Any = object()
+# A consumer that does not long-poll pauses this long after an empty receive.
+EMPTY_PAUSE_S = 0.1
 
 
 class Consumer:
@@ -104,6 +106,8 @@ class Consumer:
         self._ready: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
         self._room = asyncio.Event()
         self._drained = False
+        self._stopped_at: float | None = None
+        self._error: ZdmqError | None = None  # what ended the receive loop for good
         self.received = 0
         self.acked = 0
         self.nacked = 0
@@ -113,6 +117,8 @@ class Consumer:
     # ---- control ---------------------------------------------------------------------
     def stop(self) -> None:
         """Stop receiving; running handlers finish, unstarted messages are released."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stopping.set()
 
     @property
@@ -172,6 +178,8 @@ class Consumer:
                     yield msg
                     if msg.receipt in self._held:
                         await self.ack(msg)  # the body finished with it
+            if self._error is not None:
+                raise self._error
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
@@ -180,10 +188,12 @@ class Consumer:
     async def _next_message(self) -> ReceivedMessage | None:
         """Body mode: the next leased message, or None once stopped or drained."""
         while True:
+            if self.stopping:
+                return None  # what is leased ahead is released by the shutdown
             if not self._ready.empty():
                 msg = self._ready.get_nowait()
                 return None if msg is _DONE else msg
-            if self.stopping or (self._drained and not self._held):
+            if self._drained and not self._held:
                 return None
             getter = asyncio.ensure_future(self._ready.get())
             stop = asyncio.ensure_future(self._stopping.wait())
@@ -213,7 +223,10 @@ class Consumer:
                 )
             except ZdmqError as e:
                 if not e.retriable:
-                    raise
+                    # For good (the queue was deleted, say): the loop ends with this error.
+                    self._error = e
+                    self.stop()
+                    return
                 log.warning("receive from %s failed, retrying: %s", self.queue, e)
                 await self._wait_or_stop(asyncio.sleep(1.0))
                 continue
@@ -227,6 +240,9 @@ class Consumer:
                     # Wake a body waiting for a message that will not come.
                     self._ready.put_nowait(_DONE)
                 return
+            if not msgs and self.wait_s < EMPTY_PAUSE_S:
+                # No long poll to pace us: do not spin on an empty queue.
+                await self._wait_or_stop(asyncio.sleep(EMPTY_PAUSE_S))
 
     async def _wait_or_stop(self, aw: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(aw)
@@ -298,8 +314,14 @@ class Consumer:
         await self._release_unstarted()
         for _ in workers:
             self._ready.put_nowait(_DONE)
-        await asyncio.wait(workers, timeout=self.shutdown_timeout_s)
+        await asyncio.wait(workers, timeout=self._shutdown_left())
         outcomes.put_nowait(_DONE)
+
+    def _shutdown_left(self) -> float:
+        """What is left of `shutdown_timeout_s` since the stop (all of it if not stopped)."""
+        if self._stopped_at is None:
+            return self.shutdown_timeout_s
+        return max(self.shutdown_timeout_s - (time.monotonic() - self._stopped_at), 0.0)
 
     async def _release_unstarted(self) -> None:
         unstarted: list[ReceivedMessage] = []
@@ -321,7 +343,6 @@ class Consumer:
         self, tasks: list[asyncio.Task[Any]], workers: list[asyncio.Task[None]]
     ) -> None:
         self.stop()
-        started = time.monotonic()
         tasks[0].cancel()  # the receive loop: a lease it was granted mid-call expires later
         await self._release_unstarted()
         if workers:
@@ -329,8 +350,7 @@ class Consumer:
             for _ in pending:
                 self._ready.put_nowait(_DONE)
             if pending:
-                left = max(self.shutdown_timeout_s - (time.monotonic() - started), 0.0)
-                await asyncio.wait(pending, timeout=left)
+                await asyncio.wait(pending, timeout=self._shutdown_left())
             for w in workers:
                 w.cancel()
         # Body mode: whatever is still held (the message in hand included) goes back.

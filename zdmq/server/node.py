@@ -91,6 +91,8 @@ class Delivery(NamedTuple):
 # retention and dedup records.
 MONITOR_TICK_S = 0.05
 HOUSEKEEPING_S = 1.0
+# How long the monitor leaves a queue alone after it could not learn its settings.
+MONITOR_RETRY_S = 1.0
 
 
 class Node:
@@ -116,6 +118,7 @@ class Node:
         self._ready_events: dict[str, asyncio.Event] = {}
         self._notifying: dict[str, bool] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._monitor_retry_at: dict[str, float] = {}
 
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
@@ -284,7 +287,7 @@ class Node:
 
     async def _wait_ready(self, queue: str, since: int, timeout_s: float) -> None:
         """Returns once `queue`'s ready version moves past `since`, or after `timeout_s`."""
-        if self._ready_version[queue] != since:
+        if self._ready_version.get(queue, 0) != since:
             return
         ev = self._ready_events.get(queue)
         if ev is None:
@@ -574,6 +577,10 @@ class Node:
         for queue, mid, token in state.due_leases(now):
             by_queue[queue].append((mid, token))
         for queue, due in by_queue.items():
+            if self._monitor_retry_at.get(queue, 0.0) > now:
+                for mid, _ in due:
+                    state.recheck(mid)
+                continue
             try:
                 settings = await self.queue_settings(queue)
                 dlq = None
@@ -584,10 +591,12 @@ class Node:
                 ):
                     dlq = await self._dead_letter_target(queue, settings, due[0][0])
             except ZdmqError as e:
-                log.warning("lease monitor: %s: %s; retrying", queue, e)
+                log.warning("lease monitor: %s: %s; retrying in %gs", queue, e, MONITOR_RETRY_S)
+                self._monitor_retry_at[queue] = now + MONITOR_RETRY_S
                 for mid, _ in due:
                     state.recheck(mid)
                 continue
+            self._monitor_retry_at.pop(queue, None)
             lq = state.queues.get(queue)
             was_empty = lq is None or not lq.ids
             ops: list[Op] = []
@@ -640,8 +649,8 @@ class Node:
         async with self._locks[queue]:
             lq = self.state.queues.get(queue)
             if lq is not None:
-                if lq.ids:
-                    return
+                if lq.holds():
+                    return  # a message arrived, or some are leased or delayed
                 del self.state.queues[queue]
             try:
                 await self._on_owner(
@@ -694,7 +703,7 @@ class Node:
         if lease_s is not None:
             params["visibility_s"] = repr(lease_s)
         while True:
-            version = self._ready_version[queue]
+            version = self._ready_version.get(queue, 0)
             got = await self.take_local(queue, limit, lease_s=lease_s, receive=receive)
             if got:
                 return got
