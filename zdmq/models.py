@@ -156,6 +156,10 @@ class QueueSettings:
         return settings
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
 def _number(
     payload: dict[str, Any], name: str, lo: float, hi: float, integer: bool = False
 ) -> float:
@@ -163,7 +167,7 @@ def _number(
     kind = "an integer" if integer else "a number"
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if isinstance(value, bool) or not ok or not math.isfinite(value) or not lo <= value <= hi:
-        raise BadRequest(f"{name}: expected {kind} in {lo:g}..{hi:g}, got {value!r}")
+        raise BadRequest(f"{name}: expected {kind} in {_num(lo)}..{_num(hi)}, got {value!r}")
     return float(value)
 
 
@@ -205,7 +209,7 @@ def parse_receipt(receipt: Any) -> tuple[str, str]:
         validate_message_id(mid)
     except InvalidMessage:
         raise InvalidMessage(f"receipt {receipt!r} is not a zdmq receipt") from None
-    if not 1 <= len(token) <= 64 or not token.isalnum():
+    if not 1 <= len(token) <= 64 or not (token.isascii() and token.isalnum()):
         raise InvalidMessage(f"receipt {receipt!r} is not a zdmq receipt")
     return mid, token
 

@@ -15,6 +15,7 @@ import aiohttp
 from tests.cluster.support import MiB, error_code, id_owned_by, placement_of, queue_owned_by
 from tests.helpers import unique
 from zdmq.local import LocalCluster
+from zdmq.models import QueueSettings, dedup_message_id
 
 
 def _node_urls(cluster: LocalCluster) -> list[tuple[str, str]]:
@@ -38,7 +39,7 @@ async def test_queue_calls_create_list_get_delete_behave_as_listed_through_every
 
         async with http.put(f"{url}/v1/queues/{q}") as r:
             assert r.status == 201
-            assert await r.json() == {"queue": q}
+            assert await r.json() == {"queue": q, "settings": QueueSettings().to_wire()}
         for _, any_url in urls:
             async with http.put(f"{any_url}/v1/queues/{q}") as r:
                 assert r.status == 409
@@ -52,9 +53,18 @@ async def test_queue_calls_create_list_get_delete_behave_as_listed_through_every
             async with http.get(f"{any_url}/v1/queues/{q}") as r:
                 assert r.status == 200
                 info = await r.json()
-                assert info["queue"] == q
-                assert info["messages"] == 0
-                assert info["nodes"] == []
+                assert info == {
+                    "queue": q,
+                    "messages": 0,
+                    "in_flight": 0,
+                    "delayed": 0,
+                    "dead_lettered": 0,
+                    "nodes": [],
+                    "depth": {},
+                    "registered": [],
+                    "settings": QueueSettings().to_wire(),
+                    "unavailable": [],
+                }
 
         async with http.delete(f"{url}/v1/queues/{q}") as r:
             assert r.status == 204
@@ -90,7 +100,7 @@ async def test_push_batch_and_pop_calls_behave_as_listed_through_every_node(
             async with http.post(f"{url}/v1/queues/{q}/messages", data=body, headers=headers) as r:
                 assert r.status == 201, await r.text()
                 reply = await r.json()
-                assert set(reply) == {"id"}
+                assert reply == {"id": reply["id"], "duplicate": False}
                 assert str(uuid.UUID(reply["id"])) == reply["id"]
                 sent[reply["id"]] = (body, ctype or "application/octet-stream")
 
@@ -105,7 +115,8 @@ async def test_push_batch_and_pop_calls_behave_as_listed_through_every_node(
         async with http.post(f"{url}/v1/queues/{q}/batch", json=batch) as r:
             assert r.status == 201, await r.text()
             reply = await r.json()
-            assert set(reply) == {"ids"}
+            assert set(reply) == {"ids", "duplicates"}
+            assert reply["duplicates"] == 0
             assert len(reply["ids"]) == 3 == len(set(reply["ids"]))
             ids = reply["ids"]
         sent[ids[0]] = (b"batch text", "application/octet-stream")
@@ -128,8 +139,9 @@ async def test_push_batch_and_pop_calls_behave_as_listed_through_every_node(
         while msgs:
             for m in msgs:
                 assert m["id"] not in got
-                body = base64.b64decode(m["body"]) if m["encoding"] == "base64" else None
-                if body is None:
+                if m["encoding"] == "base64":
+                    body = base64.b64decode(m["body"])
+                else:
                     assert m["encoding"] == "utf-8"
                     body = m["body"].encode()
                 got[m["id"]] = (body, m.get("content_type") or "application/octet-stream")
@@ -179,7 +191,7 @@ async def test_empty_and_one_mebibyte_bodies_round_trip_through_non_owner_nodes(
                 headers={"zdmq-id": mid, "Content-Type": "application/octet-stream"},
             ) as r:
                 assert r.status == 201, await r.text()
-                assert await r.json() == {"id": mid}
+                assert await r.json() == {"id": mid, "duplicate": False}
 
         # Popped through a third node, which holds none of them: a routed pop.
         pop_url = urls[(i + 2) % len(urls)][1]
@@ -294,3 +306,53 @@ async def test_a_message_stored_on_one_node_is_popped_through_any_other_node(
                 assert await r.read() == body
             async with http.post(f"{b_url}/v1/queues/{q}/pop") as r:
                 assert r.status == 204
+
+
+async def test_a_repeated_id_or_dedup_id_through_any_node_is_stored_once_and_replies_200(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    urls = _node_urls(cluster4)
+    placement = placement_of(cluster4)
+    q = unique("dup")
+    await _create(http, urls[0][1], q)
+    owner = urls[0][0]
+    mid = id_owned_by(placement, owner)
+    # The first push goes through the owner; every repeat is forwarded to it.
+    for i, (_, url) in enumerate(urls):
+        async with http.post(
+            f"{url}/v1/queues/{q}/messages",
+            data=b"first" if i == 0 else b"again",
+            headers={"zdmq-id": mid},
+        ) as r:
+            assert (r.status, await r.json()) == (
+                (201, {"id": mid, "duplicate": False})
+                if i == 0
+                else (200, {"id": mid, "duplicate": True})
+            )
+    # A dedup id maps to one id whichever node takes it.
+    dedup_ids: set[str] = set()
+    for i, (_, url) in enumerate(urls):
+        async with http.post(
+            f"{url}/v1/queues/{q}/messages", data=b"once", headers={"zdmq-dedup-id": "order-7"}
+        ) as r:
+            reply = await r.json()
+            assert (r.status, reply["duplicate"]) == ((201, False) if i == 0 else (200, True))
+            dedup_ids.add(reply["id"])
+    assert dedup_ids == {dedup_message_id(q, "order-7")}
+    async with http.post(
+        f"{urls[1][1]}/v1/queues/{q}/messages",
+        data=b"x",
+        headers={"zdmq-id": mid, "zdmq-dedup-id": "order-7"},
+    ) as r:
+        assert r.status == 400
+        assert await error_code(r) == "bad_request"
+
+    got: dict[str, bytes] = {}
+    for _ in range(3):  # two messages, then the empty reply
+        async with http.post(f"{urls[2][1]}/v1/queues/{q}/pop") as r:
+            if r.status == 204:
+                break
+            assert r.status == 200, await r.text()
+            assert r.headers["zdmq-id"] not in got
+            got[r.headers["zdmq-id"]] = await r.read()
+    assert got == {mid: b"first", dedup_message_id(q, "order-7"): b"once"}

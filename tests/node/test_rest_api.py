@@ -16,6 +16,7 @@ from aiohttp import ClientResponse, test_utils
 from yarl import URL
 
 from zdmq.config import ClusterConfig
+from zdmq.models import QueueSettings
 
 Http = test_utils.TestClient
 MiB = 1024 * 1024
@@ -66,10 +67,49 @@ async def test_health_reports_the_node_id_and_ok(http: Http) -> None:
 
 
 # ---- queues ----------------------------------------------------------------------------
-async def test_put_queue_creates_it_and_returns_201_with_its_name(http: Http) -> None:
+async def test_put_queue_creates_it_and_returns_201_with_its_name_and_default_settings(
+    http: Http,
+) -> None:
     resp = await http.put("/v1/queues/jobs")
     assert resp.status == 201
-    assert await resp.json() == {"queue": "jobs"}
+    assert await resp.json() == {"queue": "jobs", "settings": QueueSettings().to_wire()}
+
+
+async def test_put_queue_with_settings_returns_them_and_get_reports_them(http: Http) -> None:
+    await _create(http, "dlq")
+    wanted = {
+        "visibility_timeout_s": 5,
+        "max_receives": 3,
+        "dead_letter_queue": "dlq",
+        "retention_s": 60,
+        "dedup_window_s": 10,
+        "max_message_bytes": 1000,
+    }
+    resp = await http.put("/v1/queues/jobs", json=wanted)
+    assert resp.status == 201, await resp.text()
+    settings = QueueSettings.from_wire(wanted).to_wire()
+    assert await resp.json() == {"queue": "jobs", "settings": settings}
+    assert (await (await http.get("/v1/queues/jobs")).json())["settings"] == settings
+    assert (await (await http.get("/v1/queues/jobs/metadata")).json())["settings"] == settings
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"visibility_timeout_s": -1}, "visibility_timeout_s"),
+        ({"retention_s": "long"}, "retention_s"),
+        ({"no_such_field": 1}, "no_such_field"),
+        ({"dead_letter_queue": "missing"}, "dead_letter_queue"),
+        ({"dead_letter_queue": "jobs"}, "dead_letter_queue"),
+    ],
+    ids=["out_of_bounds", "not_a_number", "unknown_field", "missing_dlq", "own_dlq"],
+)
+async def test_put_queue_with_bad_settings_returns_400_naming_the_field_and_creates_nothing(
+    http: Http, settings: dict[str, Any], field: str
+) -> None:
+    message = await _error(await http.put("/v1/queues/jobs", json=settings), 400, "bad_request")
+    assert field in message
+    await _error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
 async def test_put_of_an_existing_queue_returns_409_queue_exists(http: Http) -> None:
@@ -92,11 +132,23 @@ async def test_get_queue_reports_its_message_count_and_nodes(http: Http) -> None
     resp = await http.get("/v1/queues/jobs")
     assert resp.status == 200
     body = await resp.json()
-    assert (body["queue"], body["messages"], body["nodes"]) == ("jobs", 0, [])
+    assert body == {
+        "queue": "jobs",
+        "messages": 0,
+        "in_flight": 0,
+        "delayed": 0,
+        "dead_lettered": 0,
+        "nodes": [],
+        "depth": {},
+        "registered": [],
+        "settings": QueueSettings().to_wire(),
+        "unavailable": [],
+    }
     for i in range(3):
         await _push(http, "jobs", b"m%d" % i)
     body = await (await http.get("/v1/queues/jobs")).json()
     assert (body["queue"], body["messages"], body["nodes"]) == ("jobs", 3, ["n1"])
+    assert (body["depth"], body["registered"], body["in_flight"]) == ({"n1": 3}, ["n1"], 0)
 
 
 async def test_get_of_a_missing_queue_returns_404_queue_not_found(http: Http) -> None:
@@ -151,7 +203,7 @@ async def test_push_stores_any_raw_body_and_returns_201_with_a_uuid(
     )
     assert resp.status == 201
     payload = await resp.json()
-    assert list(payload) == ["id"] and _is_uuid(payload["id"])
+    assert payload == {"id": payload["id"], "duplicate": False} and _is_uuid(payload["id"])
 
     popped = await http.post("/v1/queues/jobs/pop")
     assert popped.status == 200
@@ -165,18 +217,22 @@ async def test_push_keeps_a_caller_supplied_id(http: Http) -> None:
     mid = str(uuid.uuid4())
     resp = await http.post("/v1/queues/jobs/messages", data=b"x", headers={"zdmq-id": mid})
     assert resp.status == 201
-    assert await resp.json() == {"id": mid}
+    assert await resp.json() == {"id": mid, "duplicate": False}
     assert (await http.post("/v1/queues/jobs/pop")).headers["zdmq-id"] == mid
 
 
 async def test_pushing_the_same_id_twice_stores_it_once(http: Http) -> None:
     await _create(http, "jobs")
     mid = str(uuid.uuid4())
-    for _ in range(2):
-        resp = await http.post("/v1/queues/jobs/messages", data=b"x", headers={"zdmq-id": mid})
-        assert resp.status == 201
-        assert await resp.json() == {"id": mid}
-    assert [m["id"] for m in await _pop_many(http, "jobs", 10)] == [mid]
+    resp = await http.post("/v1/queues/jobs/messages", data=b"x", headers={"zdmq-id": mid})
+    assert resp.status == 201
+    assert await resp.json() == {"id": mid, "duplicate": False}
+    resp = await http.post("/v1/queues/jobs/messages", data=b"y", headers={"zdmq-id": mid})
+    assert resp.status == 200
+    assert await resp.json() == {"id": mid, "duplicate": True}
+    [m] = await _pop_many(http, "jobs", 10)
+    # The first push is the one stored.
+    assert (m["id"], m["body"]) == (mid, "x")
 
 
 async def test_a_body_pushed_without_a_content_type_pops_as_octet_stream(http: Http) -> None:
@@ -206,7 +262,9 @@ async def test_push_batch_returns_201_with_one_id_per_message_in_order(http: Htt
     ]
     resp = await http.post("/v1/queues/jobs/batch", json={"messages": messages})
     assert resp.status == 201
-    ids = (await resp.json())["ids"]
+    reply = await resp.json()
+    assert set(reply) == {"ids", "duplicates"} and reply["duplicates"] == 0
+    ids = reply["ids"]
     assert len(ids) == 4 and len(set(ids)) == 4 and all(_is_uuid(i) for i in ids)
     got = await _pop_many(http, "jobs", 10)
     assert [m["id"] for m in got] == ids

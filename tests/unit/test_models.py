@@ -1,20 +1,28 @@
-"""Wire models: queue names, body encodings and message ids, checked without sockets."""
+"""Wire models: queue names, body encodings, message ids, queue settings, dedup ids and
+receipts, checked without sockets."""
 
 from __future__ import annotations
 
 import base64
+import math
 import uuid
+from typing import Any
 
+import orjson
 import pytest
 
-from zdmq.errors import InvalidMessage, InvalidQueueName, MessageTooLarge
+from zdmq.errors import BadRequest, InvalidMessage, InvalidQueueName, MessageTooLarge
 from zdmq.models import (
     Message,
+    QueueSettings,
     decode_body,
+    dedup_message_id,
     encode_body,
+    make_receipt,
     message_from_wire,
     message_to_wire,
     new_message_id,
+    parse_receipt,
     validate_message_id,
     validate_queue_name,
 )
@@ -167,3 +175,254 @@ def test_message_from_wire_rejects_a_malformed_item(item: object) -> None:
 def test_message_text_decodes_the_body() -> None:
     assert Message("i", "h\u00e9".encode()).text() == "h\u00e9"
     assert Message("i", b"\xe9").text("latin-1") == "\u00e9"
+
+
+# ---- queue settings --------------------------------------------------------------------
+CLUSTER_MAX_BYTES = 1024 * 1024
+FULL_SETTINGS = {
+    "visibility_timeout_s": 12.5,
+    "max_receives": 4,
+    "dead_letter_queue": "jobs-dlq",
+    "retention_s": 3600,
+    "dedup_window_s": 60,
+    "max_message_bytes": 4096,
+}
+
+
+@pytest.mark.parametrize("payload", [None, {}], ids=["no_body", "empty_object"])
+def test_settings_from_an_empty_create_are_the_documented_defaults(payload: object) -> None:
+    settings = QueueSettings.from_wire(payload, max_message_bytes=CLUSTER_MAX_BYTES)
+    assert settings == QueueSettings()
+    assert settings.to_wire() == {
+        "visibility_timeout_s": 30.0,
+        "max_receives": None,
+        "dead_letter_queue": None,
+        "retention_s": 345600.0,
+        "dedup_window_s": 300.0,
+        "max_message_bytes": None,
+    }
+
+
+def test_settings_from_wire_take_every_field() -> None:
+    settings = QueueSettings.from_wire(FULL_SETTINGS, max_message_bytes=CLUSTER_MAX_BYTES)
+    assert settings == QueueSettings(
+        visibility_timeout_s=12.5,
+        max_receives=4,
+        dead_letter_queue="jobs-dlq",
+        retention_s=3600.0,
+        dedup_window_s=60.0,
+        max_message_bytes=4096,
+    )
+    assert isinstance(settings.max_receives, int)
+    assert isinstance(settings.max_message_bytes, int)
+
+
+def test_explicit_nulls_for_optional_settings_mean_the_default() -> None:
+    payload = {"max_receives": None, "dead_letter_queue": None, "max_message_bytes": None}
+    assert QueueSettings.from_wire(payload) == QueueSettings()
+
+
+# (field, lowest accepted, highest accepted, just below, just above); the cluster's
+# max_message_bytes is the upper bound of a queue's own.
+BOUNDS = [
+    ("visibility_timeout_s", 0, 43_200, -0.001, 43_200.001),
+    ("retention_s", 1, 14 * 86_400, 0.999, 14 * 86_400 + 0.001),
+    ("dedup_window_s", 0, 86_400, -0.001, 86_400.001),
+    ("max_receives", 1, 1000, 0, 1001),
+    ("max_message_bytes", 1, CLUSTER_MAX_BYTES, 0, CLUSTER_MAX_BYTES + 1),
+]
+# max_receives is only valid with a dead-letter queue.
+_WITH = {"max_receives": {"dead_letter_queue": "dlq"}}
+
+
+@pytest.mark.parametrize(
+    ("field", "lo", "hi", "below", "above"), BOUNDS, ids=[b[0] for b in BOUNDS]
+)
+def test_each_numeric_setting_accepts_its_bounds_and_names_itself_outside_them(
+    field: str, lo: float, hi: float, below: float, above: float
+) -> None:
+    extra = _WITH.get(field, {})
+    for ok in (lo, hi):
+        settings = QueueSettings.from_wire(
+            {field: ok, **extra}, max_message_bytes=CLUSTER_MAX_BYTES
+        )
+        assert getattr(settings, field) == ok
+    for bad in (below, above):
+        with pytest.raises(BadRequest, match=f"^{field}: expected") as e:
+            QueueSettings.from_wire({field: bad, **extra}, max_message_bytes=CLUSTER_MAX_BYTES)
+        assert e.value.status == 400
+
+
+@pytest.mark.parametrize("field", [b[0] for b in BOUNDS])
+@pytest.mark.parametrize(
+    "value",
+    [True, False, "10", [10], {"s": 10}, math.nan, math.inf],
+    ids=["true", "false", "string", "list", "object", "nan", "inf"],
+)
+def test_each_numeric_setting_rejects_bools_strings_and_non_finite_values(
+    field: str, value: object
+) -> None:
+    with pytest.raises(BadRequest, match=f"^{field}: expected"):
+        QueueSettings.from_wire(
+            {field: value, **_WITH.get(field, {})}, max_message_bytes=CLUSTER_MAX_BYTES
+        )
+
+
+@pytest.mark.parametrize("field", ["max_receives", "max_message_bytes"])
+def test_integer_settings_reject_fractions(field: str) -> None:
+    with pytest.raises(BadRequest, match=f"^{field}: expected an integer"):
+        QueueSettings.from_wire({field: 2.5, **_WITH.get(field, {})})
+
+
+def test_max_message_bytes_above_the_cluster_limit_is_refused() -> None:
+    with pytest.raises(BadRequest, match=r"^max_message_bytes: expected an integer"):
+        QueueSettings.from_wire(
+            {"max_message_bytes": CLUSTER_MAX_BYTES + 1}, max_message_bytes=CLUSTER_MAX_BYTES
+        )
+    # Without a cluster limit to hold it to, any positive size is a queue's own limit.
+    assert QueueSettings.from_wire({"max_message_bytes": 1 << 40}).max_message_bytes == 1 << 40
+
+
+@pytest.mark.parametrize(
+    ("field", "limit"),
+    [("max_message_bytes", "1048576"), ("retention_s", "1209600"), ("max_receives", "1000")],
+)
+def test_a_setting_out_of_bounds_is_told_the_exact_limit(field: str, limit: str) -> None:
+    # A caller over the limit must learn the limit itself, not a rounded form of it
+    # (1.04858e+06 is not 1048576).
+    with pytest.raises(BadRequest) as e:
+        QueueSettings.from_wire(
+            {field: 10**9, **_WITH.get(field, {})}, max_message_bytes=CLUSTER_MAX_BYTES
+        )
+    assert e.value.message.startswith(f"{field}: ")
+    assert limit in e.value.message
+
+
+def test_an_unknown_setting_is_refused_by_name() -> None:
+    with pytest.raises(BadRequest, match=r"unknown field.*visibility_timeout") as e:
+        QueueSettings.from_wire({"visibility_timeout": 30})
+    # The reply lists the known fields, so a typo is easy to fix.
+    assert "visibility_timeout_s" in e.value.message
+
+
+def test_max_receives_without_a_dead_letter_queue_is_refused() -> None:
+    with pytest.raises(BadRequest, match="max_receives needs a dead_letter_queue"):
+        QueueSettings.from_wire({"max_receives": 3})
+    # A dead-letter queue alone is fine: it only receives when max_receives says so.
+    assert QueueSettings.from_wire({"dead_letter_queue": "dlq"}).dead_letter_queue == "dlq"
+
+
+@pytest.mark.parametrize("dlq", [5, ["dlq"], "", "bad name", "x" * 129, ".."])
+def test_a_dead_letter_queue_that_is_not_a_valid_queue_name_is_refused(dlq: object) -> None:
+    with pytest.raises(BadRequest, match=r"^dead_letter_queue: "):
+        QueueSettings.from_wire({"dead_letter_queue": dlq})
+
+
+@pytest.mark.parametrize("payload", [[], "x", 5, True], ids=["list", "string", "int", "bool"])
+def test_settings_that_are_not_a_json_object_are_refused(payload: object) -> None:
+    with pytest.raises(BadRequest, match="expected a JSON object"):
+        QueueSettings.from_wire(payload)
+
+
+@pytest.mark.parametrize("settings", [QueueSettings(), QueueSettings.from_wire(FULL_SETTINGS)])
+def test_settings_round_trip_through_their_json_wire_form(settings: QueueSettings) -> None:
+    wire = orjson.loads(orjson.dumps(settings.to_wire()))
+    assert set(wire) == set(FULL_SETTINGS)
+    assert QueueSettings.from_wire(wire, max_message_bytes=CLUSTER_MAX_BYTES) == settings
+    # Storage and peers rebuild settings from the same dict.
+    assert QueueSettings(**wire) == settings
+
+
+# ---- dedup ids -------------------------------------------------------------------------
+def test_a_dedup_id_maps_to_the_same_canonical_uuid5_every_time() -> None:
+    mid = dedup_message_id("jobs", "order-1")
+    assert mid == dedup_message_id("jobs", "order-1")
+    assert validate_message_id(mid) == mid
+    assert uuid.UUID(mid).version == 5
+    # Pinned: ids already stored and dedup records on disk depend on it never changing.
+    assert mid == "1f6696f7-f600-5cb1-a6dc-66c7627864f7"
+
+
+def test_a_dedup_id_maps_to_different_ids_in_different_queues() -> None:
+    ids = {
+        dedup_message_id("jobs", "order-1"),
+        dedup_message_id("other", "order-1"),
+        dedup_message_id("jobs", "order-2"),
+        # The queue and the dedup id cannot run into each other.
+        dedup_message_id("jobs-", "1"),
+        dedup_message_id("jobs", "-1"),
+    }
+    assert len(ids) == 5
+
+
+@pytest.mark.parametrize("dedup_id", ["x", "d" * 256, "any text, even \u00e9 or spaces"])
+def test_dedup_ids_of_1_to_256_characters_are_accepted(dedup_id: str) -> None:
+    assert validate_message_id(dedup_message_id("jobs", dedup_id))
+
+
+@pytest.mark.parametrize("dedup_id", ["", "d" * 257, None, 5, b"bytes"])
+def test_other_dedup_ids_are_refused(dedup_id: Any) -> None:
+    with pytest.raises(InvalidMessage, match="dedup_id"):
+        dedup_message_id("jobs", dedup_id)
+
+
+# ---- receipts --------------------------------------------------------------------------
+MID = "0b1e3f6c-8a0e-4d3c-9a57-2f1c6d0e7b42"
+
+
+@pytest.mark.parametrize("token", ["a", "0f1e2d3c4b5a6978", "Z" * 64])
+def test_a_receipt_names_its_message_first_and_parses_back(token: str) -> None:
+    receipt = make_receipt(MID, token)
+    assert receipt.startswith(MID)
+    assert parse_receipt(receipt) == (MID, token)
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [
+        None,
+        5,
+        b"0b1e3f6c-8a0e-4d3c-9a57-2f1c6d0e7b42.abc",
+        "",
+        MID,
+        f"{MID}.",
+        f".{MID}",
+        "abc",
+        f"{MID}.abc.def",
+        f"{MID.upper()}.abc",
+        "not-a-uuid.abc",
+        f"{MID}.{'a' * 65}",
+        f"{MID}.ab-c",
+        f"{MID}.ab_c",
+        f"{MID}.ab c",
+    ],
+    ids=[
+        "none",
+        "int",
+        "bytes",
+        "empty",
+        "no_token",
+        "empty_token",
+        "empty_id",
+        "no_dot",
+        "two_dots",
+        "upper_case_id",
+        "bad_id",
+        "token_too_long",
+        "token_dash",
+        "token_underscore",
+        "token_space",
+    ],
+)
+def test_parse_receipt_refuses_anything_but_a_receipt(receipt: object) -> None:
+    with pytest.raises(InvalidMessage, match="is not a zdmq receipt"):
+        parse_receipt(receipt)
+
+
+@pytest.mark.parametrize(
+    "token", ["t\u00e9", "\uff11\uff12\uff13", "\u0661\u0662"], ids=["latin", "fullwidth", "arabic"]
+)
+def test_parse_receipt_refuses_a_token_with_non_ascii_letters_or_digits(token: str) -> None:
+    # zdmq's tokens are hex; a receipt it never issued is invalid_receipt, not lease_expired.
+    with pytest.raises(InvalidMessage, match="is not a zdmq receipt"):
+        parse_receipt(f"{MID}.{token}")

@@ -22,14 +22,21 @@ def _push_all(state: NodeState, queue: str, ids: list[str]) -> list[Push]:
     return [state.push(queue, mid, mid.encode(), None) for mid in ids]
 
 
+def _pop_ids(state: NodeState, queue: str, limit: int) -> list[str]:
+    got, _ = state.pop(queue, limit)
+    return [mid for mid, _ in got]
+
+
 def test_pop_returns_messages_in_push_order() -> None:
     state = NodeState()
     ids = _ids(10)
     _push_all(state, "jobs", ids)
-    got = state.pop("jobs", 3) + state.pop("jobs", 100)
-    assert [mid for mid, _, _ in got] == ids
-    assert [m.body for _, m, _ in got] == [mid.encode() for mid in ids]
-    assert state.pop("jobs", 1) == []
+    first, _ = state.pop("jobs", 3)
+    rest, _ = state.pop("jobs", 100)
+    got = first + rest
+    assert [mid for mid, _ in got] == ids
+    assert [m.body for _, m in got] == [mid.encode() for mid in ids]
+    assert state.pop("jobs", 1) == ([], [])
     assert state.depth("jobs") == 0
     assert state.messages == {}
 
@@ -37,14 +44,15 @@ def test_pop_returns_messages_in_push_order() -> None:
 def test_pop_takes_at_most_the_limit() -> None:
     state = NodeState()
     _push_all(state, "jobs", _ids(5))
-    assert len(state.pop("jobs", 2)) == 2
+    got, ops = state.pop("jobs", 2)
+    assert len(got) == len(ops) == 2
     assert state.depth("jobs") == 3
 
 
 def test_pop_returns_the_remove_op_that_persists_it() -> None:
     state = NodeState()
     push = state.push("jobs", "a", b"body", "text/plain")
-    [(mid, stored, op)] = state.pop("jobs", 1)
+    [(mid, stored)], [op] = state.pop("jobs", 1)
     assert mid == "a"
     assert (stored.queue, stored.seq, stored.body, stored.content_type) == (
         "jobs",
@@ -60,12 +68,12 @@ def test_queues_keep_separate_fifo_orders() -> None:
     for i in range(5):
         state.push("a", f"a{i}", b"", None)
         state.push("b", f"b{i}", b"", None)
-    assert [mid for mid, _, _ in state.pop("b", 10)] == [f"b{i}" for i in range(5)]
-    assert [mid for mid, _, _ in state.pop("a", 10)] == [f"a{i}" for i in range(5)]
+    assert _pop_ids(state, "b", 10) == [f"b{i}" for i in range(5)]
+    assert _pop_ids(state, "a", 10) == [f"a{i}" for i in range(5)]
 
 
 def test_pop_of_an_unknown_queue_is_empty() -> None:
-    assert NodeState().pop("nope", 10) == []
+    assert NodeState().pop("nope", 10) == ([], [])
     assert NodeState().depth("nope") == 0
 
 
@@ -126,7 +134,7 @@ def test_remove_of_a_non_head_id_keeps_the_others_in_order() -> None:
     assert "c" not in state.messages
     assert list(state.queues["jobs"].ids) == ["a", "b", "d"]
     state.apply(Remove("jobs", "a", pushes[0].seq))
-    assert [mid for mid, _, _ in state.pop("jobs", 10)] == ["b", "d"]
+    assert _pop_ids(state, "jobs", 10) == ["b", "d"]
 
 
 def test_create_register_unregister_and_drop_shape_the_metadata_list() -> None:

@@ -7,11 +7,15 @@ and never open a socket.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from zdmq.errors import StorageFailed
+from zdmq.models import QueueSettings
 from zdmq.server.state import (
     CreateQueue,
     DropQueue,
@@ -64,9 +68,9 @@ class _Recorder:
         self.ops.append(self.state.push(queue, mid, body, ctype))
 
     def pop(self, queue: str, limit: int) -> list[str]:
-        popped = self.state.pop(queue, limit)
-        self.ops.extend(op for _, _, op in popped)
-        return [mid for mid, _, _ in popped]
+        popped, ops = self.state.pop(queue, limit)
+        self.ops.extend(ops)
+        return [mid for mid, _ in popped]
 
     def purge(self, queue: str) -> None:
         op = self.state.purge(queue)
@@ -225,3 +229,256 @@ def test_open_storage_picks_the_engine_for_the_durability(tmp_path: Path) -> Non
         assert isinstance(storage, SqliteStorage)
         assert storage.path == tmp_path / durability / "zdmq.sqlite3"
         assert not storage.path.exists()  # nothing is opened before load
+
+
+# ---- delivery state across a reopen --------------------------------------------------------
+# `load` rebuilds leases and delays as of the wall clock, so these tests place them
+# relative to time.time(): far enough ahead or behind that the test's own run time
+# cannot move them across `now`.
+def _tokens(*names: str) -> Callable[[], str]:
+    it = iter(names)
+    return lambda: next(it)
+
+
+def _where(state: NodeState, queue: str) -> tuple[list[str], set[str], set[str]]:
+    lq = state.queues.get(queue)
+    if lq is None:
+        return [], set(), set()
+    return list(lq.ids), set(lq.leased), set(lq.delayed)
+
+
+async def _commit_and_reopen(storage: SqliteStorage, ops: list[Op]) -> NodeState:
+    await storage.submit(ops)
+    await storage.close()
+    return await _reopen(storage.path)
+
+
+async def test_a_reopened_store_keeps_a_running_lease_with_its_token_and_deadline(
+    tmp_path: Path,
+) -> None:
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    state = storage.load()
+    now = time.time()
+    ops: list[Op] = [state.push("jobs", m, m.encode(), None, now=now) for m in ("a", "b")]
+    _, leased = state.lease("jobs", 1, now=now, visibility_s=600, new_token=_tokens("tok1"))
+    ops += leased
+    extend = state.extend("jobs", "a", "tok1", now, 900)  # the deadline on disk is this one
+    assert extend is not None
+    ops.append(extend)
+    again = await _commit_and_reopen(storage, ops)
+
+    m = again.messages["a"]
+    assert (m.lease, m.lease_until, m.receive_count) == ("tok1", now + 900, 1)
+    assert _where(again, "jobs") == (["b"], {"a"}, set())
+    assert again.counts("jobs") == {"ready": 1, "in_flight": 1, "delayed": 0, "dead_lettered": 0}
+    # Still invisible to a new lease, and the lease monitor finds it due at its deadline.
+    got, _ = again.lease("jobs", 5, now=time.time(), visibility_s=10_000, new_token=_tokens("x"))
+    assert [mid for mid, _, _ in got] == ["b"]
+    assert again.due_leases(now + 899) == []
+    assert again.due_leases(now + 900) == [("jobs", "a", "tok1")]
+    # Its receipt still acks it.
+    assert again.ack("jobs", "a", "tok1", time.time()) is not None
+
+
+async def test_a_lease_that_ran_out_while_the_store_was_closed_is_due_at_once(
+    tmp_path: Path,
+) -> None:
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    state = storage.load()
+    past = time.time() - 100
+    ops: list[Op] = [state.push("jobs", "a", b"", None, now=past)]
+    _, leased = state.lease("jobs", 1, now=past, visibility_s=10, new_token=_tokens("tok1"))
+    again = await _commit_and_reopen(storage, ops + leased)
+
+    # Not lost and not yet visible: the monitor's first look requeues it.
+    assert _where(again, "jobs") == ([], {"a"}, set())
+    now = time.time()
+    assert again.due_leases(now) == [("jobs", "a", "tok1")]
+    assert again.ack("jobs", "a", "tok1", now) is None
+    assert again.requeue("jobs", "a", "tok1", now, expired=True) is not None
+    got, _ = again.lease("jobs", 1, now=now, visibility_s=30, new_token=_tokens("tok2"))
+    assert [(mid, m.receive_count) for mid, m, _ in got] == [("a", 2)]
+
+
+async def test_a_delayed_message_stays_delayed_until_visible_at_across_a_reopen(
+    tmp_path: Path,
+) -> None:
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    state = storage.load()
+    past = time.time() - 100
+    ops: list[Op] = [state.push("jobs", m, b"", None, now=past) for m in ("soon", "later")]
+    _, leased = state.lease("jobs", 2, now=past, visibility_s=30, new_token=_tokens("t1", "t2"))
+    ops += leased
+    # "soon" becomes visible while the store is closed; "later" only after the reopen.
+    for mid, token, delay_s in (("soon", "t1", 10.0), ("later", "t2", 700.0)):
+        op = state.requeue("jobs", mid, token, past, delay_s=delay_s)
+        assert op is not None
+        ops.append(op)
+    again = await _commit_and_reopen(storage, ops)
+
+    assert _where(again, "jobs") == (["soon"], set(), {"later"})
+    later = again.messages["later"]
+    assert (later.visible_at, later.lease, later.receive_count) == (past + 700, None, 1)
+    assert again.counts("jobs")["delayed"] == 1
+    assert again.wake(past + 699.999) == set()
+    assert again.wake(past + 700) == {"jobs"}
+    assert _where(again, "jobs") == (["soon", "later"], set(), set())
+
+
+async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_after_a_reopen(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "zdmq.sqlite3"
+    storage = SqliteStorage(path, fsync=True)
+    state = storage.load()
+    now = time.time()
+    push = state.push("jobs", "a", b"poison", "text/plain", now=now)
+    _, leased = state.lease("jobs", 1, now=now, visibility_s=30, new_token=_tokens("t1"))
+    moved = state.requeue("jobs", "a", "t1", now + 1, max_receives=1, dead_letter_queue="dead")
+    assert moved is not None
+    again = await _commit_and_reopen(storage, [push, *leased, moved])
+
+    m = again.messages["a"]
+    assert (m.queue, m.origin, m.receive_count, m.lease, m.seq) == (
+        "dead",
+        "jobs",
+        0,
+        None,
+        push.seq,
+    )
+    assert (m.body, m.content_type, m.enqueued_at) == (b"poison", "text/plain", now + 1)
+    assert _where(again, "dead") == (["a"], set(), set())
+    assert again.depth("jobs") == 0
+    assert again.counts("jobs") == {"ready": 0, "in_flight": 0, "delayed": 0, "dead_lettered": 1}
+    assert again.counts("dead")["ready"] == 1
+
+    # Consumed from the DLQ: gone, and no longer counted against its origin after a reopen.
+    storage = SqliteStorage(path, fsync=True)
+    state = storage.load()
+    _, leased = state.lease("dead", 1, now=now + 2, visibility_s=30, new_token=_tokens("t2"))
+    ack = state.ack("dead", "a", "t2", now + 3)
+    assert ack is not None
+    again = await _commit_and_reopen(storage, [*leased, ack])
+    assert again.messages == {}
+    assert again.counts("jobs")["dead_lettered"] == 0
+
+
+async def test_dedup_records_survive_a_reopen_and_forgotten_or_purged_ones_stay_gone(
+    tmp_path: Path,
+) -> None:
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    state = storage.load()
+    now = time.time()
+    ops: list[Op] = [
+        state.push("jobs", "kept", b"", None, now=now, dedup_window_s=300),
+        state.push("jobs", "ended", b"", None, now=now - 100, dedup_window_s=1),
+        state.push("purged", "p", b"", None, now=now, dedup_window_s=300),
+    ]
+    ops += state.pop("jobs", 10, now=now)[1]
+    forget = state.forget_dedup(now)
+    purge = state.purge("purged")
+    assert forget is not None and purge is not None
+    again = await _commit_and_reopen(storage, [*ops, forget, purge])
+
+    assert again.messages == {}
+    assert again.dedup == {"kept": ("jobs", now + 300)}
+    assert again.is_duplicate("kept", time.time())
+    assert not again.is_duplicate("ended", time.time())
+    assert not again.is_duplicate("p", time.time())
+    # The reloaded record still ends on time.
+    assert again.forget_dedup(now + 301) is not None
+    assert again.dedup == {}
+
+
+async def test_queue_settings_survive_a_reopen_in_the_metadata(tmp_path: Path) -> None:
+    settings = QueueSettings(
+        visibility_timeout_s=12.5,
+        max_receives=4,
+        dead_letter_queue="jobs-dlq",
+        retention_s=3600.0,
+        dedup_window_s=60.0,
+        max_message_bytes=4096,
+    )
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    storage.load()
+    again = await _commit_and_reopen(
+        storage,
+        [CreateQueue("jobs", "inc-1", 1.0, settings), CreateQueue("jobs-dlq", "inc-2", 2.0)],
+    )
+    assert again.meta["jobs"].settings == settings
+    assert again.meta["jobs-dlq"].settings == QueueSettings()
+
+
+def _old_schema_db(path: Path, mid: str) -> None:
+    """A database as zdmq's first schema wrote it: three tables, one message in one queue."""
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.executescript(
+            """
+            CREATE TABLE messages (
+                seq INTEGER PRIMARY KEY, queue TEXT NOT NULL, id TEXT NOT NULL,
+                content_type TEXT, body BLOB NOT NULL
+            );
+            CREATE TABLE queues (
+                name TEXT PRIMARY KEY, incarnation TEXT NOT NULL, created_at REAL NOT NULL
+            );
+            CREATE TABLE registrations (
+                queue TEXT NOT NULL, node TEXT NOT NULL, first_uuid TEXT NOT NULL,
+                registered_at REAL NOT NULL, PRIMARY KEY (queue, node)
+            );
+            """
+        )
+        conn.execute(
+            "INSERT INTO messages VALUES (?, ?, ?, ?, ?)", (7, "jobs", mid, "text/plain", b"old")
+        )
+        conn.execute("INSERT INTO queues VALUES (?, ?, ?)", ("jobs", "inc-old", 1700000000.0))
+        conn.execute("INSERT INTO registrations VALUES (?, ?, ?, ?)", ("jobs", "n1", mid, 1.0))
+    conn.close()
+
+
+async def test_a_database_of_the_old_schema_opens_migrates_and_keeps_its_message(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "zdmq.sqlite3"
+    mid = "0b1e3f6c-8a0e-4d3c-9a57-2f1c6d0e7b42"
+    _old_schema_db(path, mid)
+    storage = SqliteStorage(path, fsync=True)
+    state = storage.load()
+
+    m = state.messages[mid]
+    assert (m.queue, m.seq, m.body, m.content_type) == ("jobs", 7, b"old", "text/plain")
+    assert (m.receive_count, m.lease, m.origin) == (0, None, None)
+    assert _where(state, "jobs") == ([mid], set(), set())
+    meta = state.meta["jobs"]
+    assert (meta.incarnation, meta.created_at) == ("inc-old", 1700000000.0)
+    assert meta.settings == QueueSettings()
+    assert meta.nodes == {"n1": mid}
+
+    # The migrated tables take the new kinds of writes.
+    now = time.time()
+    push = state.push("jobs", "new", b"", None, now=now, dedup_window_s=60)
+    assert push.seq == 8  # after the migrated row's
+    ops: list[Op] = [push]
+    ops += state.lease("jobs", 1, now=now, visibility_s=600, new_token=_tokens("tok"))[1]
+    ops.append(CreateQueue("other", "inc", 2.0, QueueSettings(visibility_timeout_s=5)))
+    again = await _commit_and_reopen(storage, ops)
+    assert _where(again, "jobs") == (["new"], {mid}, set())
+    assert (again.messages[mid].lease, again.messages[mid].receive_count) == ("tok", 1)
+    assert again.is_duplicate("new", now)
+    assert again.meta["other"].settings == QueueSettings(visibility_timeout_s=5)
+
+
+async def test_a_message_migrated_from_the_old_schema_is_not_dropped_as_past_retention(
+    tmp_path: Path,
+) -> None:
+    # The old schema kept no enqueue time. A message it stored was accepted and must not
+    # be dropped by the first pop, receive or retention sweep after the upgrade.
+    path = tmp_path / "zdmq.sqlite3"
+    mid = "0b1e3f6c-8a0e-4d3c-9a57-2f1c6d0e7b42"
+    _old_schema_db(path, mid)
+    state = await _reopen(path)
+    retention_s = QueueSettings().retention_s
+    now = time.time()
+    assert state.expired_by_retention("jobs", now, retention_s) == []
+    got, _ = state.pop("jobs", 1, now=now, retention_s=retention_s)
+    assert [m for m, _ in got] == [mid]

@@ -370,7 +370,11 @@ class Node:
             )
         self.counters["pushed"] += len(ops)
         self.counters["duplicates"] += len(items) - len(ops)
-        await self.commit(ops)
+        if ops:
+            await self.commit(ops)
+        else:
+            # Only repeats: reply once the originals' commit (maybe still running) is done.
+            await self.storage.barrier()
         if was_empty and lq.ids:
             self._notify_ready(queue)
         return duplicate

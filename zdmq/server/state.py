@@ -263,7 +263,9 @@ class NodeState:
         # Lease expiries (until, id, token) and delay ends (visible_at, id); an entry
         # the message no longer matches is stale and skipped.
         self._lease_timers: list[tuple[float, str, str]] = []
-        self._delay_timers: list[tuple[float, str]] = []
+        self._delay_timers: list[tuple[float, int, str]] = []
+        # Ready messages being restored: (ready_at, seq, queue, id); see finish_restore.
+        self._restoring: list[tuple[float, int, str, str]] = []
         # Messages held in dead-letter queues, by the queue they came from.
         self.dead_lettered: Counter[str] = Counter()
         self.next_seq = 1
@@ -306,7 +308,7 @@ class NodeState:
             self._unlink(lq, op.id, m)
             m.lease, m.lease_until, m.visible_at = None, 0.0, op.visible_at
             lq.delayed.add(op.id)
-            heapq.heappush(self._delay_timers, (op.visible_at, op.id))
+            heapq.heappush(self._delay_timers, (op.visible_at, op.seq, op.id))
         elif kind is DeadLetter:
             assert isinstance(op, DeadLetter)
             m = self.messages[op.id]
@@ -404,10 +406,10 @@ class NodeState:
     ) -> None:
         """Rebuilds one stored message and its delivery state, as of `now`.
 
-        Rows come in `seq` order, so ready messages queue up in arrival order.
+        Call `finish_restore` after the last one: it queues the ready messages up.
         """
         lq = self._local(push.queue)
-        if not lq.holds():
+        if lq.first_uuid is None:  # the oldest message it holds
             lq.first_uuid = push.id
         m = StoredMessage(push.queue, push.seq, push.body, push.content_type, push.enqueued_at)
         m.receive_count, m.origin = receive_count, origin
@@ -421,11 +423,25 @@ class NodeState:
         elif visible_at > now:
             m.visible_at = visible_at
             lq.delayed.add(push.id)
-            heapq.heappush(self._delay_timers, (visible_at, push.id))
+            heapq.heappush(self._delay_timers, (visible_at, push.seq, push.id))
         else:
-            lq.ids.append(push.id)
+            # A message is ready from its push, or from the end of its last delay.
+            ready_at = visible_at if visible_at > 0 else push.enqueued_at
+            self._restoring.append((ready_at, push.seq, push.queue, push.id))
         if push.seq >= self.next_seq:
             self.next_seq = push.seq + 1
+
+    def finish_restore(self) -> None:
+        """Queues restored ready messages in the order they became ready.
+
+        Live, a message joins the tail of its UUID queue when it is pushed, when its
+        delay ends (`wake` takes them in (visible_at, seq) order) or when it is moved to
+        a dead-letter queue (its `enqueued_at` is the move). Sorting by that moment, then
+        seq, rebuilds the same order.
+        """
+        for _, _, queue, mid in sorted(self._restoring):
+            self.queues[queue].ids.append(mid)
+        self._restoring.clear()
 
     def restore_dedup(self, mid: str, queue: str, until: float) -> None:
         self.dedup[mid] = (queue, until)
@@ -450,6 +466,7 @@ class NodeState:
         dedup_window_s: float = 0.0,
     ) -> Push:
         assert msg_id not in self.messages, "caller checks for a duplicate id"
+        self.wake(now)  # what became ready before now queues ahead of this message
         dedup_until = now + dedup_window_s if dedup_window_s > 0 else 0.0
         op = Push(queue, msg_id, self.next_seq, body, content_type, now, dedup_until)
         self.apply(op)
@@ -584,7 +601,7 @@ class NodeState:
         timers, messages = self._delay_timers, self.messages
         woken: set[str] = set()
         while timers and timers[0][0] <= now:
-            when, mid = heapq.heappop(timers)
+            when, _, mid = heapq.heappop(timers)
             m = messages.get(mid)
             if m is None or m.lease is not None or m.visible_at != when:
                 continue

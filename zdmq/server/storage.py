@@ -99,6 +99,11 @@ class Storage:
     def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
         raise NotImplementedError
 
+    def barrier(self) -> asyncio.Future[None]:
+        """Resolves once everything submitted so far is committed (a reply that reports
+        an earlier write, such as a duplicate push, waits for it to be durable)."""
+        raise NotImplementedError
+
     async def close(self) -> None:
         raise NotImplementedError
 
@@ -119,6 +124,9 @@ class MemoryStorage(Storage):
         self.ops_written += len(ops)
         return self._done
 
+    def barrier(self) -> asyncio.Future[None]:
+        return self.submit(())
+
     async def close(self) -> None:
         return None
 
@@ -133,6 +141,7 @@ class SqliteStorage(Storage):
         self._conn: sqlite3.Connection | None = None
         self._pending: list[Op] = []
         self._next: asyncio.Future[None] | None = None
+        self._in_flight: asyncio.Future[None] | None = None
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
@@ -177,6 +186,7 @@ class SqliteStorage(Storage):
                 origin=origin,
                 now=now,
             )
+        state.finish_restore()
         for mid, queue, until in conn.execute("SELECT id, queue, until FROM dedup ORDER BY until"):
             state.restore_dedup(mid, queue, until)
         return state
@@ -196,6 +206,17 @@ class SqliteStorage(Storage):
         self._wake.set()
         return fut
 
+    def barrier(self) -> asyncio.Future[None]:
+        if self.failed is not None:
+            raise StorageFailed(f"storage failed earlier: {self.failed}")
+        if self._pending and self._next is not None:
+            return self._next
+        if self._in_flight is not None and not self._in_flight.done():
+            return self._in_flight
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
     async def _write_loop(self) -> None:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
@@ -209,6 +230,7 @@ class SqliteStorage(Storage):
             ops, fut = self._pending, self._next
             self._pending, self._next = [], None
             assert fut is not None
+            self._in_flight = fut
             try:
                 await loop.run_in_executor(self._executor, self._write, ops)
             except Exception as e:  # the disk refused: memory and disk now disagree
@@ -260,8 +282,11 @@ class SqliteStorage(Storage):
 def _migrate(conn: sqlite3.Connection) -> None:
     """Adds the columns a database from zdmq 0.1's first schema lacks."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+    if "enqueued_at" not in have:
+        # Their arrival time is unknown: count retention from the upgrade, not from 1970.
+        conn.execute("ALTER TABLE messages ADD COLUMN enqueued_at REAL NOT NULL DEFAULT 0")
+        conn.execute("UPDATE messages SET enqueued_at = ?", (time.time(),))
     for column, decl in (
-        ("enqueued_at", "REAL NOT NULL DEFAULT 0"),
         ("receive_count", "INTEGER NOT NULL DEFAULT 0"),
         ("lease", "TEXT"),
         ("lease_until", "REAL NOT NULL DEFAULT 0"),
