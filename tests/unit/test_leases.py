@@ -154,7 +154,9 @@ def test_a_nack_makes_the_message_visible_again_at_once() -> None:
     state, tokens = _state(), _Tokens()
     seq_a = state.messages["a"].seq
     [(_, token)] = _lease(state, tokens)
-    assert state.requeue("jobs", "a", token, T0 + 10) == Requeue("jobs", "a", seq_a, T0 + 10)
+    fresh = state.next_seq
+    assert state.requeue("jobs", "a", token, T0 + 10) == Requeue("jobs", "a", seq_a, T0 + 10, fresh)
+    assert state.messages["a"].seq == fresh  # it queues up again behind everything stored
     m = state.messages["a"]
     assert (m.lease, m.lease_until) == (None, 0.0)
     # Ready again, behind the message that waited.
@@ -171,7 +173,7 @@ def test_a_nack_with_a_delay_keeps_the_message_hidden_until_wake_passes_visible_
     seq_a = state.messages["a"].seq
     [(_, token)] = _lease(state, tokens)
     op = state.requeue("jobs", "a", token, T0 + 10, delay_s=5)
-    assert op == Requeue("jobs", "a", seq_a, T0 + 15)
+    assert op == Requeue("jobs", "a", seq_a, T0 + 15, state.next_seq - 1)
     assert _where(state) == ([], set(), {"a"})
     assert state.counts("jobs") == {**EMPTY, "delayed": 1}
     assert state.depth("jobs") == 1
@@ -273,7 +275,7 @@ def test_the_expiry_requeue_refuses_a_lease_that_is_still_running() -> None:
     assert state.requeue("jobs", "a", token, T0 + VIS - 0.001, expired=True) is None
     assert _where(state) == ([], {"a"}, set())
     op = state.requeue("jobs", "a", token, T0 + VIS, expired=True)
-    assert op == Requeue("jobs", "a", seq_a, T0 + VIS)
+    assert op == Requeue("jobs", "a", seq_a, T0 + VIS, state.next_seq - 1)
     assert _where(state) == (["a"], set(), set())
 
 
@@ -350,11 +352,11 @@ def test_past_max_receives_the_message_moves_to_the_dead_letter_queue_with_its_i
 ) -> None:
     state, tokens = _state(ids=("a",)), _Tokens()
     state.push("dead", "older", b"", None, now=T0)
-    seq_a = state.messages["a"].seq
     assert type(_deliver_and_fail(state, tokens, T0, expire=expire)) is Requeue
+    seq_a = state.messages["a"].seq
     moved_at = T0 + 100 + (VIS if expire else 1)
     op = _deliver_and_fail(state, tokens, T0 + 100, expire=expire)
-    assert op == DeadLetter("jobs", "a", seq_a, "dead", moved_at)
+    assert op == DeadLetter("jobs", "a", seq_a, "dead", moved_at, state.next_seq - 1)
 
     m = state.messages["a"]
     assert (m.queue, m.origin, m.receive_count, m.lease, m.seq, m.body) == (
@@ -362,7 +364,7 @@ def test_past_max_receives_the_message_moves_to_the_dead_letter_queue_with_its_i
         "jobs",
         0,
         None,
-        seq_a,
+        op.new_seq,  # it joined the DLQ's tail
         b"a",
     )
     assert m.enqueued_at == moved_at
@@ -482,6 +484,8 @@ def test_purge_drops_ready_leased_and_delayed_messages_and_the_queues_dedup_reco
     state.requeue("jobs", mid, t_delayed, T0, delay_s=60)
     assert _where(state) == (["ready"], {"leased"}, {"delayed"})
 
+    # Requeues gave "ready" and "delayed" fresh seqs; the purge names the current ones.
+    seqs = sorted(state.messages[mid].seq for mid in ("ready", "leased", "delayed"))
     op = state.purge("jobs")
     assert op is not None and op.queue == "jobs"
     assert sorted(op.seqs) == seqs

@@ -344,7 +344,7 @@ async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_aft
         "jobs",
         0,
         None,
-        push.seq,
+        moved.new_seq,
     )
     assert (m.body, m.content_type, m.enqueued_at) == (b"poison", "text/plain", now + 1)
     assert _where(again, "dead") == (["a"], set(), set())

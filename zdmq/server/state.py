@@ -131,12 +131,17 @@ class Extend(NamedTuple):
 
 
 class Requeue(NamedTuple):
-    """Ends a lease (nack, release or expiry); the message is visible again at `visible_at`."""
+    """Ends a lease (nack, release or expiry); the message is visible again at `visible_at`.
+
+    The message takes a fresh sequence number, `new_seq`: it queues up again behind
+    everything stored so far, and a reload rebuilds that order (see finish_restore).
+    """
 
     queue: str
     id: str
     seq: int
     visible_at: float
+    new_seq: int
 
 
 class DeadLetter(NamedTuple):
@@ -151,6 +156,7 @@ class DeadLetter(NamedTuple):
     seq: int
     dlq: str
     moved_at: float
+    new_seq: int  # as for Requeue: it joins the DLQ's tail
 
 
 class ForgetDedup(NamedTuple):
@@ -307,8 +313,9 @@ class NodeState:
             lq = self.queues[op.queue]
             self._unlink(lq, op.id, m)
             m.lease, m.lease_until, m.visible_at = None, 0.0, op.visible_at
+            self._resequence(m, op.new_seq)
             lq.delayed.add(op.id)
-            heapq.heappush(self._delay_timers, (op.visible_at, op.seq, op.id))
+            heapq.heappush(self._delay_timers, (op.visible_at, op.new_seq, op.id))
         elif kind is DeadLetter:
             assert isinstance(op, DeadLetter)
             m = self.messages[op.id]
@@ -318,6 +325,7 @@ class NodeState:
             m.queue, m.origin = op.dlq, op.queue
             m.receive_count, m.lease, m.lease_until, m.visible_at = 0, None, 0.0, 0.0
             m.enqueued_at = op.moved_at
+            self._resequence(m, op.new_seq)
             self.dead_lettered[op.queue] += 1
             dlq = self._local(op.dlq)
             if not dlq.holds():
@@ -362,6 +370,11 @@ class NodeState:
             self.meta.pop(op.queue, None)
         else:  # pragma: no cover - programmer error
             raise AssertionError(f"unknown op {op!r}")
+
+    def _resequence(self, m: StoredMessage, new_seq: int) -> None:
+        m.seq = new_seq
+        if new_seq >= self.next_seq:
+            self.next_seq = new_seq + 1
 
     def _local(self, queue: str) -> LocalQueue:
         lq = self.queues.get(queue)
@@ -435,9 +448,11 @@ class NodeState:
         """Queues restored ready messages in the order they became ready.
 
         Live, a message joins the tail of its UUID queue when it is pushed, when its
-        delay ends (`wake` takes them in (visible_at, seq) order) or when it is moved to
-        a dead-letter queue (its `enqueued_at` is the move). Sorting by that moment, then
-        seq, rebuilds the same order.
+        delay ends (`wake` takes them in (visible_at, seq) order, before a push at the
+        same moment) or when it is moved to a dead-letter queue (its `enqueued_at` is the
+        move). A requeue or a move gives the message a fresh seq, so among messages ready
+        at the same moment seq is the order they joined in. Sorting by (that moment, seq)
+        rebuilds the live order.
         """
         for _, _, queue, mid in sorted(self._restoring):
             self.queues[queue].ids.append(mid)
@@ -588,9 +603,9 @@ class NodeState:
             and dead_letter_queue is not None
             and m.receive_count >= max_receives
         ):
-            op = DeadLetter(queue, mid, m.seq, dead_letter_queue, now)
+            op = DeadLetter(queue, mid, m.seq, dead_letter_queue, now, self.next_seq)
         else:
-            op = Requeue(queue, mid, m.seq, now + delay_s)
+            op = Requeue(queue, mid, m.seq, now + delay_s, self.next_seq)
         self.apply(op)
         if type(op) is Requeue:
             self.wake(now)

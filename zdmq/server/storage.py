@@ -325,16 +325,17 @@ def _w_extend(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
 
 def _w_requeue(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
     conn.executemany(
-        "UPDATE messages SET lease = NULL, lease_until = 0, visible_at = ? WHERE seq = ?",
-        [(op.visible_at, op.seq) for op in ops],
+        "UPDATE messages SET lease = NULL, lease_until = 0, visible_at = ?, seq = ? "
+        "WHERE seq = ?",
+        [(op.visible_at, op.new_seq, op.seq) for op in ops],
     )
 
 
 def _w_dead_letter(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
     conn.executemany(
         "UPDATE messages SET queue = ?, origin = ?, receive_count = 0, lease = NULL, "
-        "lease_until = 0, visible_at = 0, enqueued_at = ? WHERE seq = ?",
-        [(op.dlq, op.queue, op.moved_at, op.seq) for op in ops],
+        "lease_until = 0, visible_at = 0, enqueued_at = ?, seq = ? WHERE seq = ?",
+        [(op.dlq, op.queue, op.moved_at, op.new_seq, op.seq) for op in ops],
     )
 
 
