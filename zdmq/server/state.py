@@ -597,6 +597,7 @@ class NodeState:
             return None
         if expired != (m.lease_until <= now):
             return None
+        self.wake(now)  # what became ready before now queues ahead of this message
         op: Requeue | DeadLetter
         if (
             max_receives is not None
