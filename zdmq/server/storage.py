@@ -325,8 +325,7 @@ def _w_extend(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
 
 def _w_requeue(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
     conn.executemany(
-        "UPDATE messages SET lease = NULL, lease_until = 0, visible_at = ?, seq = ? "
-        "WHERE seq = ?",
+        "UPDATE messages SET lease = NULL, lease_until = 0, visible_at = ?, seq = ? WHERE seq = ?",
         [(op.visible_at, op.new_seq, op.seq) for op in ops],
     )
 
