@@ -646,8 +646,8 @@ def test_messages_nacked_in_one_instant_keep_their_ready_order_through_a_restart
     so a reload must order them by something else (the fresh seq of each requeue)."""
     machine = _started()
     try:
-        machine.push(queue=JOBS, dedup_key=None, ctype=None)
-        machine.push(queue=JOBS, dedup_key=None, ctype=None)
+        machine.push(queue=JOBS, dedup_key=None, batch=1, ctype=None)
+        machine.push(queue=JOBS, dedup_key=None, batch=1, ctype=None)
         first, second = machine.receive(queue=JOBS, limit=2, visibility_s=1.0).values
         machine.nack(receipt=second, queue=None, delay_s=0.0)
         machine.nack(receipt=first, queue=None, delay_s=0.0)
@@ -664,11 +664,11 @@ def test_a_dead_lettered_message_queues_behind_one_whose_delay_ended_earlier() -
     DLQ without waking due delayed messages first: live, the move lands ahead of it.)"""
     machine = _started()
     try:
-        machine.push(queue=JOBS, dedup_key=None, ctype=None)
+        machine.push(queue=JOBS, dedup_key=None, batch=1, ctype=None)
         (job,) = machine.receive(queue=JOBS, limit=1, visibility_s=4.0).values
         machine.nack(receipt=job, queue=None, delay_s=0.0)
         (job,) = machine.receive(queue=JOBS, limit=1, visibility_s=4.0).values
-        machine.push(queue=DLQ, dedup_key=None, ctype=None)
+        machine.push(queue=DLQ, dedup_key=None, batch=1, ctype=None)
         (dead,) = machine.receive(queue=DLQ, limit=1, visibility_s=4.0).values
         machine.nack(receipt=dead, queue=None, delay_s=0.5)
         machine.advance(dt=1.0)
