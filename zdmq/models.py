@@ -12,6 +12,7 @@ import binascii
 import math
 import re
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -98,6 +99,11 @@ MAX_VISIBILITY_S = 43_200.0
 MAX_RETENTION_S = 14 * 86_400.0
 MAX_DEDUP_WINDOW_S = 86_400.0
 MAX_RECEIVES = 1_000
+# Bounds of a receive and of a long poll.
+MAX_RECEIVE = 100
+MAX_WAIT_S = 20.0
+# What an ack, nack or extend reply calls the count of receipts that took effect.
+SETTLED_KEY = {"ack": "acked", "nack": "nacked", "extend": "extended"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +218,26 @@ def parse_receipt(receipt: Any) -> tuple[str, str]:
     if not 1 <= len(token) <= 64 or not (token.isascii() and token.isalnum()):
         raise InvalidMessage(f"receipt {receipt!r} is not a zdmq receipt")
     return mid, token
+
+
+ReceiptRef = tuple[str, str, str]  # (receipt, message id, lease token)
+
+
+def group_receipts(
+    receipts: Iterable[Any], owner_of: Callable[[str], str]
+) -> tuple[dict[str, list[ReceiptRef]], dict[str, str]]:
+    """Receipts by the node that owns their message id, and the malformed ones
+    (receipt -> "invalid_receipt"), which are reported rather than refused."""
+    by_owner: dict[str, list[ReceiptRef]] = {}
+    invalid: dict[str, str] = {}
+    for r in receipts:
+        try:
+            mid, token = parse_receipt(r)
+        except InvalidMessage:
+            invalid[str(r)] = "invalid_receipt"
+            continue
+        by_owner.setdefault(owner_of(mid), []).append((r, mid, token))
+    return by_owner, invalid
 
 
 def validate_message_id(value: str) -> str:

@@ -32,19 +32,22 @@ import aiohttp
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
-from zdmq.errors import NodeUnavailable, ZdmqError
+from zdmq.errors import NodeUnavailable
 from zdmq.hashing import Placement
 from zdmq.models import (
+    MAX_RECEIVE,
+    MAX_WAIT_S,
+    SETTLED_KEY,
     AckResult,
     Message,
     QueueSettings,
     QueueStats,
     ReceivedMessage,
     dedup_message_id,
+    group_receipts,
     message_from_wire,
     message_to_wire,
     new_message_id,
-    parse_receipt,
     received_from_wire,
     validate_queue_name,
 )
@@ -59,9 +62,7 @@ _ROUTE_LOCAL = {"zdmq-route": "local"}
 # Also tells the node it was picked from the metadata list (an empty one then leaves it).
 _ROUTE_LISTED = {"zdmq-route": "local", "zdmq-listed": "1"}
 _TEXT = "text/plain; charset=utf-8"
-# The server's bounds on a receive and a long poll.
-MAX_RECEIVE = 100
-MAX_WAIT_S = 20.0
+
 _OCTET = "application/octet-stream"
 
 
@@ -440,18 +441,11 @@ class Client:
         self._begin(action)
         if not receipts:
             return AckResult(0)
-        failed: dict[str, str] = {}
-        by_owner: defaultdict[str, list[str]] = defaultdict(list)
-        for r in receipts:
-            try:
-                mid, _ = parse_receipt(r)
-            except ZdmqError:
-                failed[str(r)] = "invalid_receipt"
-                continue
-            by_owner[self.placement.owner(mid)].append(r)
-        key = {"ack": "acked", "nack": "nacked", "extend": "extended"}[action]
+        by_owner, failed = group_receipts(receipts, self.placement.owner)
+        key = SETTLED_KEY[action]
 
-        async def on(owner: str, part: list[str]) -> int:
+        async def on(owner: str, refs: list[tuple[str, str, str]]) -> int:
+            part = [r for r, _, _ in refs]
             done = 0
             for start in range(0, len(part), self._max_batch):
                 chunk = part[start : start + self._max_batch]

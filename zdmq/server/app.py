@@ -36,13 +36,16 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.models import (
+    MAX_RECEIVE,
     MAX_VISIBILITY_S,
+    MAX_WAIT_S,
+    SETTLED_KEY,
     QueueSettings,
     decode_body,
     dedup_message_id,
+    group_receipts,
     message_to_wire,
     new_message_id,
-    parse_receipt,
     validate_message_id,
     validate_queue_name,
 )
@@ -64,9 +67,6 @@ NODE = web.AppKey("node", Node)
 ID_HEADER = "zdmq-id"
 DEDUP_HEADER = "zdmq-dedup-id"
 OCTET = "application/octet-stream"
-# Bounds of the receive and long-poll parameters.
-MAX_RECEIVE = 100
-MAX_WAIT_S = 20.0
 
 
 # ---- replies and request parsing ----------------------------------------------------------
@@ -410,10 +410,6 @@ async def receive(request: web.Request) -> web.Response:
     return _json({"messages": [_delivery_wire(d) for d in got]})
 
 
-# What each settle call reports its count as.
-_SETTLED = {"ack": "acked", "nack": "nacked", "extend": "extended"}
-
-
 async def _settle(request: web.Request, action: str) -> web.Response:
     node, queue = request.app[NODE], _queue(request)
     payload = await _json_body(request)
@@ -431,15 +427,7 @@ async def _settle(request: web.Request, action: str) -> web.Response:
         if "visibility_s" not in payload:
             raise BadRequest("visibility_s: required to extend a lease")
         visibility_s = _float_field(payload, "visibility_s", 0.0, MAX_VISIBILITY_S, 0.0)
-    failed: dict[str, str] = {}
-    by_owner: defaultdict[str, list[tuple[str, str, str]]] = defaultdict(list)
-    for r in receipts:
-        try:
-            mid, token = parse_receipt(r)
-        except ZdmqError:
-            failed[str(r)] = "invalid_receipt"
-            continue
-        by_owner[node.placement.owner(mid)].append((r, mid, token))
+    by_owner, failed = group_receipts(receipts, node.placement.owner)
     if _forwarded(request) and set(by_owner) - {node.id}:
         raise Misrouted(f"a forwarded {action} holds receipts {node.id} does not own")
 
@@ -460,12 +448,12 @@ async def _settle(request: web.Request, action: str) -> web.Response:
             return 0
         j = reply.json()
         failed.update((f["receipt"], f["code"]) for f in j["failed"])
-        return int(j[_SETTLED[action]])
+        return int(j[SETTLED_KEY[action]])
 
     done = await asyncio.gather(*(settle_on(o, part) for o, part in by_owner.items()))
     return _json(
         {
-            _SETTLED[action]: sum(done),
+            SETTLED_KEY[action]: sum(done),
             "failed": [{"receipt": r, "code": c} for r, c in failed.items()],
         }
     )

@@ -43,7 +43,7 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.hashing import Placement
-from zdmq.models import QueueSettings, decode_body, make_receipt
+from zdmq.models import QueueSettings, make_receipt, message_from_wire
 from zdmq.server.state import (
     CreateQueue,
     DeadLetter,
@@ -501,11 +501,7 @@ class Node:
         if action == "nack":
             settings = await self.queue_settings(queue)
             max_receives = settings.max_receives
-            if max_receives is not None and any(
-                (m := state.messages.get(mid)) is not None and m.receive_count >= max_receives
-                for _, mid, _ in leases
-            ):
-                dlq = await self._dead_letter_target(queue, settings, leases[0][1])
+            dlq = await self._dead_letter_target(queue, settings, [mid for _, mid, _ in leases])
         now = time.time()
         ops: list[Op] = []
         failed: dict[str, str] = {}
@@ -546,21 +542,25 @@ class Node:
             self._notify_ready(dlq)
 
     async def _dead_letter_target(
-        self, queue: str, settings: QueueSettings, first_uuid: str
+        self, queue: str, settings: QueueSettings, mids: Sequence[str]
     ) -> str | None:
-        """Registers this node with `queue`'s dead-letter queue before a move into it.
-
-        Returns the DLQ's name, or None when it cannot take messages (deleted, or its
-        metadata owner is down): the message is then requeued in `queue` instead, so it
-        is never dropped.
+        """The dead-letter queue some of `mids` may move to as their lease ends, with
+        this node registered with it first; None when none of them has reached
+        `max_receives`, or when the DLQ cannot take messages (deleted, or its metadata
+        owner is down): they are then requeued in `queue` instead, never dropped.
         """
-        dlq = settings.dead_letter_queue
-        if dlq is None:
+        dlq, limit = settings.dead_letter_queue, settings.max_receives
+        messages = self.state.messages
+        if dlq is None or limit is None:
+            return None
+        if not any(
+            (m := messages.get(mid)) is not None and m.receive_count >= limit for mid in mids
+        ):
             return None
         try:
             lq = self.state.queues.get(dlq)
             while lq is None or not lq.registered:
-                await self._ensure_registered(dlq, first_uuid)
+                await self._ensure_registered(dlq, mids[0])
                 lq = self.state.queues.get(dlq)
         except ZdmqError as e:
             log.warning("dead-letter queue %s of %s is unavailable: %s", dlq, queue, e)
@@ -587,13 +587,7 @@ class Node:
                 continue
             try:
                 settings = await self.queue_settings(queue)
-                dlq = None
-                if settings.max_receives is not None and any(
-                    (m := state.messages.get(mid)) is not None
-                    and m.receive_count >= settings.max_receives
-                    for mid, _ in due
-                ):
-                    dlq = await self._dead_letter_target(queue, settings, due[0][0])
+                dlq = await self._dead_letter_target(queue, settings, [mid for mid, _ in due])
             except ZdmqError as e:
                 log.warning("lease monitor: %s: %s; retrying in %gs", queue, e, MONITOR_RETRY_S)
                 self._monitor_retry_at[queue] = now + MONITOR_RETRY_S
@@ -858,11 +852,6 @@ def _new_token() -> str:
 
 
 def _delivery_from_wire(item: dict[str, Any]) -> Delivery:
-    body = decode_body(item.get("body"), item.get("encoding", "utf-8"), 1 << 62)
-    return Delivery(
-        item["id"],
-        body,
-        item.get("content_type"),
-        item.get("receipt"),
-        int(item.get("receive_count", 0)),
-    )
+    m = message_from_wire(item)
+    receipt, count = item.get("receipt"), int(item.get("receive_count", 0))
+    return Delivery(m.id, m.body, m.content_type, receipt, count)
