@@ -7,6 +7,7 @@ zdmq queue   create | delete | list | stats
 zdmq push    push a message (argument, file or stdin)
 zdmq pop     pop messages and print them
 zdmq demo    the README's main job: a local cluster, pushes and pops, a report
+zdmq bench   the benchmark workloads (a-d) on zdmq and, if started, RabbitMQ, Redis, NATS
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["bench"]:  # its own parser: `zdmq bench --help`
+        from zdmq.bench.runner import main as bench_main
+
+        return bench_main(args_list[1:])
     ap = argparse.ArgumentParser(prog="zdmq", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="cluster.yaml", help="cluster file (default: %(default)s)")
     # `--config` is accepted after the command too: `zdmq up --config x.yaml`.
@@ -88,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=5000, help="how many (default %(default)s)")
     p.add_argument("--concurrency", type=int, default=32, help="calls in flight (default 32)")
 
-    args = ap.parse_args(argv)
+    sub.add_parser("bench", help="the benchmark workloads on zdmq and its peers (see --help)")
+
+    args = ap.parse_args(args_list)
     try:
         config = ClusterConfig.load(args.config)
         if args.command == "node":

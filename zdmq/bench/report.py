@@ -1,0 +1,195 @@
+"""Medians over runs, the printed tables, and the zdmq / peer ratios."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Any
+
+__all__ = ["COLUMNS", "format_tables", "medians", "ratio_rows"]
+
+Row = dict[str, Any]
+_KEY = ("system", "durability", "workload", "variant")
+
+# workload -> [(metric, header, format)]; the first metric is the one ratios compare.
+COLUMNS: dict[str, list[tuple[str, str, str]]] = {
+    "a": [
+        ("push_rate", "push/s", ",.0f"),
+        ("push_p50_ms", "p50 ms", ".2f"),
+        ("push_p99_ms", "p99 ms", ".2f"),
+        ("push_cpu_us", "srv µs/msg", ".0f"),
+        ("recv_rate", "recv+ack/s", ",.0f"),
+        ("recv_p50_ms", "p50 ms", ".2f"),
+        ("recv_p99_ms", "p99 ms", ".2f"),
+        ("recv_cpu_us", "srv µs/msg", ".0f"),
+    ],
+    "b": [
+        ("rate", "msgs/s through", ",.0f"),
+        ("push_rate", "push/s", ",.0f"),
+        ("recv_rate", "recv+ack/s", ",.0f"),
+        ("cpu_us", "srv µs/msg", ".1f"),
+        ("client_cpu_s", "client CPU s", ".1f"),
+        ("server_cpu_s", "server CPU s", ".1f"),
+    ],
+    "c": [
+        ("p50_ms", "p50 ms", ".2f"),
+        ("p99_ms", "p99 ms", ".2f"),
+        ("mean_ms", "mean ms", ".2f"),
+        ("cpu_us", "srv µs/msg", ".0f"),
+    ],
+    "d": [
+        ("rate", "msgs/s (1+1 batched)", ",.0f"),
+        ("mb_s", "MiB/s", ",.1f"),
+        ("seq_push_rate", "seq push/s", ",.0f"),
+        ("seq_push_p50_ms", "p50 ms", ".2f"),
+        ("cpu_us", "srv µs/msg", ".0f"),
+    ],
+    "e": [
+        ("push_rate", "push/s", ",.0f"),
+        ("push_p99_ms", "push p99 ms", ".2f"),
+        ("recv_rate", "recv+ack/s", ",.0f"),
+        ("recv_p99_ms", "recv p99 ms", ".2f"),
+        ("rate", "batched msgs/s", ",.0f"),
+        ("cpu_us", "srv µs/msg", ".1f"),
+    ],
+}
+# Latency-like metrics: smaller is better, so the ratio is peer / zdmq.
+_LOWER_IS_BETTER = ("_ms", "cpu_us")
+TITLES = {
+    "a": "(a) RDSQ: one at a time, each push waits for its confirm; then receive+ack one at a time",
+    "b": "(b) best throughput: producers and consumers at once, batched and pipelined",
+    "c": "(c) push-to-delivery latency at a fixed rate",
+    "d": "(d) message size sweep",
+    "e": "(e) scale",
+}
+
+
+def medians(runs: list[list[Row]]) -> list[Row]:
+    """One row per (system, durability, workload, variant): the median of each metric
+    over the runs, with `runs` and each metric's raw values under `samples`."""
+    groups: dict[tuple[Any, ...], list[Row]] = defaultdict(list)
+    order: list[tuple[Any, ...]] = []
+    for run in runs:
+        for row in run:
+            key = tuple(row[k] for k in _KEY)
+            if key not in groups:
+                order.append(key)
+            groups[key].append(row)
+    out = []
+    for key in order:
+        rows = groups[key]
+        merged: Row = dict(zip(_KEY, key, strict=True))
+        merged["runs"] = len(rows)
+        samples: dict[str, list[Any]] = {}
+        for metric in rows[0]:
+            if metric in _KEY:
+                continue
+            values = [r.get(metric) for r in rows]
+            nums = [v for v in values if isinstance(v, int | float) and not math.isnan(v)]
+            if nums and len(nums) == len(values):
+                merged[metric] = statistics.median(nums)
+                samples[metric] = values
+            else:
+                merged[metric] = values[0]
+        merged["samples"] = samples
+        out.append(merged)
+    return out
+
+
+def _zdmq_ref(rows: list[Row], row: Row) -> Row | None:
+    """The zdmq row a peer row is compared with: same workload, variant and durability;
+    the first zdmq system listed (the single node) if there are several."""
+    for r in rows:
+        if (
+            r["system"].startswith("zdmq")
+            and r["workload"] == row["workload"]
+            and r["variant"] == row["variant"]
+            and r["durability"] == row["durability"]
+        ):
+            return r
+    return None
+
+
+def ratio_rows(rows: list[Row]) -> list[Row]:
+    """For every peer row: zdmq / peer on each metric (for latencies and CPU: peer /
+    zdmq), so that > 1 always means zdmq is ahead."""
+    out = []
+    for row in rows:
+        if row["system"].startswith("zdmq"):
+            continue
+        ref = _zdmq_ref(rows, row)
+        if ref is None:
+            continue
+        ratios: Row = {k: row[k] for k in _KEY}
+        ratios["zdmq_system"] = ref["system"]
+        for metric, _, _ in COLUMNS.get(row["workload"], []):
+            a, b = ref.get(metric), row.get(metric)
+            if not (isinstance(a, int | float) and isinstance(b, int | float)) or not a or not b:
+                continue
+            lower = metric.endswith(_LOWER_IS_BETTER)
+            ratios[metric] = (b / a) if lower else (a / b)
+        out.append(ratios)
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, int | float):
+        return format(value, spec)
+    return str(value)
+
+
+def format_tables(rows: list[Row], *, markdown: bool = False) -> str:
+    """One table per workload (rows in the order they ran), then the ratio table."""
+    parts = []
+    ratios = ratio_rows(rows)
+    for workload, cols in COLUMNS.items():
+        mine = [r for r in rows if r["workload"] == workload]
+        if not mine:
+            continue
+        head = ["system", "durability", "variant", *(h for _, h, _ in cols)]
+        body = [
+            [r["system"], r["durability"], r["variant"], *(_fmt(r.get(m), f) for m, _, f in cols)]
+            for r in mine
+        ]
+        parts.append(_table(TITLES[workload], head, body, markdown))
+        rmine = [r for r in ratios if r["workload"] == workload]
+        if rmine:
+            rhead = ["zdmq / peer", "durability", "variant", *(h for _, h, _ in cols)]
+            rbody = [
+                [
+                    f"{r['zdmq_system']} / {r['system']}",
+                    r["durability"],
+                    r["variant"],
+                    *(_fmt(r.get(m), ".2f") for m, _, _ in cols),
+                ]
+                for r in rmine
+            ]
+            parts.append(_table("ratios (> 1: zdmq ahead)", rhead, rbody, markdown))
+    return "\n\n".join(parts)
+
+
+def _table(title: str, head: list[str], body: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = [f"**{title}**", "", "| " + " | ".join(head) + " |"]
+        lines.append("|" + "|".join("---" for _ in head) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in body]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
+    lines = [title]
+    lines.append(
+        "  ".join(
+            h.rjust(w) if i > 2 else h.ljust(w)
+            for i, (h, w) in enumerate(zip(head, widths, strict=True))
+        )
+    )
+    for row in body:
+        lines.append(
+            "  ".join(
+                c.rjust(w) if i > 2 else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    return "\n".join(lines)

@@ -1,0 +1,227 @@
+"""`zdmq bench`: the issue-4 workloads on zdmq and, when they run, on its peers.
+
+    zdmq bench                               # a 1-node fsync cluster of its own, workloads a-d
+    zdmq bench --nodes 1 4 --durability fsync os --runs 3
+    zdmq bench --peers /tmp/zdmq-peers/peers.json   # + every peer loadtest/peers started
+    zdmq bench --config cluster.yaml         # a cluster that is already running
+
+Each run goes through every system and workload in turn; with `--runs 3` the table
+shows medians and the JSON keeps every sample. A peer that is not running is named and
+skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from zdmq.bench.driver import SystemSpec
+from zdmq.bench.report import format_tables, medians, ratio_rows
+from zdmq.bench.suite import WORKLOADS, Knobs, Row
+
+__all__ = ["main", "peer_systems", "zdmq_systems"]
+
+ZDMQ_DRIVER = "zdmq.bench.zdmq_driver:ZdmqDriver"
+
+
+@contextlib.contextmanager
+def zdmq_systems(
+    nodes: list[int], durabilities: list[str], replication: int = 2
+) -> Iterator[list[SystemSpec]]:
+    """Starts one local cluster per (nodes, durability) and yields a spec for each."""
+    from zdmq.local import LocalCluster
+
+    with contextlib.ExitStack() as stack:
+        specs = []
+        for n in nodes:
+            for durability in durabilities:
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zdmq-bench-"))
+                cluster = stack.enter_context(
+                    LocalCluster.ephemeral(
+                        tmp, nodes=n, durability=durability, replication=replication
+                    )
+                )
+                cluster.start()
+                pids = tuple(p.pid for p in cluster.nodes.values() if p.pid is not None)
+                name = "zdmq" if n == 1 else f"zdmq {n} nodes"
+                specs.append(
+                    SystemSpec(
+                        name=f"{name} {durability}",
+                        driver=ZDMQ_DRIVER,
+                        durability=durability,
+                        options={"config": str(cluster.config_path)},
+                        server_pids=pids,
+                        note=f"{n} node{'s' if n > 1 else ''}, durability: {durability}",
+                    )
+                )
+        yield specs
+
+
+def peer_systems(peers_json: Path) -> tuple[list[SystemSpec], list[str]]:
+    """The peers `loadtest/peers/peers.sh start` wrote down, and a line per problem."""
+    if not peers_json.exists():
+        return [], [f"no peers: {peers_json} does not exist (run loadtest/peers/peers.sh start)"]
+    folder = str(peers_json.parent.resolve())
+    here = Path(__file__).resolve().parents[2] / "loadtest" / "peers"
+    for p in (str(here), folder):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        peer_drivers = importlib.import_module("peer_drivers")
+    except ImportError as e:
+        return [], [f"no peers: cannot import loadtest/peers/peer_drivers ({e})"]
+    specs: list[SystemSpec] = peer_drivers.peer_specs(peers_json)
+    alive = []
+    notes = []
+    for s in specs:
+        if all(_alive(pid) for pid in s.server_pids):
+            alive.append(s)
+        else:
+            notes.append(f"skipped {s.name}: its server is not running")
+    return alive, notes
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def machine() -> dict[str, Any]:
+    import aiohttp
+
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "aiohttp": aiohttp.__version__,
+    }
+
+
+def run(
+    systems: list[SystemSpec], workloads: str, knobs: Knobs, runs: int, *, log: Any = print
+) -> list[Row]:
+    all_runs: list[list[Row]] = []
+    for i in range(runs):
+        rows: list[Row] = []
+        for spec in systems:
+            for w in workloads:
+                t0 = time.monotonic()
+                try:
+                    got = WORKLOADS[w](spec, knobs)
+                except Exception as e:  # one broken system must not sink the others
+                    log(f"run {i + 1}: {spec.name} workload {w}: FAILED: {e}")
+                    continue
+                rows += got
+                log(f"run {i + 1}/{runs}: {spec.name} ({w}) {time.monotonic() - t0:.1f}s")
+        all_runs.append(rows)
+    return medians(all_runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="zdmq bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", default="abcd", help="letters of the workloads to run")
+    ap.add_argument("--runs", type=int, default=1, help="runs; tables show medians")
+    ap.add_argument("--nodes", type=int, nargs="+", default=[1], help="cluster sizes to start")
+    ap.add_argument("--durability", nargs="+", default=["fsync"], choices=["fsync", "os"])
+    ap.add_argument("--replication", type=int, default=2)
+    ap.add_argument("--config", help="bench this running cluster instead of starting one")
+    ap.add_argument(
+        "--peers",
+        type=Path,
+        help="peers.json from loadtest/peers/peers.sh start (default: $PEERS_DIR or "
+        "/tmp/zdmq-peers, if it exists); --peers none for zdmq alone",
+    )
+    ap.add_argument("--only", nargs="+", help="only systems whose name contains one of these")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    ap.add_argument("--n", type=int, help="(a) messages per client")
+    ap.add_argument("--clients", type=int, nargs="+", help="(a) client counts")
+    ap.add_argument("--b-messages", type=int, help="(b) messages in all")
+    ap.add_argument("--c-rate", type=float, help="(c) messages per second")
+    ap.add_argument("--c-seconds", type=float, help="(c) seconds")
+    ap.add_argument("--sizes", type=int, nargs="+", help="(d) message sizes in bytes")
+    ap.add_argument("--out", type=Path, default=Path("loadtest/results"), help="JSON folder")
+    args = ap.parse_args(argv)
+
+    bad = set(args.workloads) - set(WORKLOADS)
+    if bad:
+        ap.error(f"unknown workloads {''.join(sorted(bad))}: choose from {''.join(WORKLOADS)}")
+    knobs = Knobs.quick() if args.quick else Knobs()
+    changes = {
+        "n": args.n,
+        "clients": tuple(args.clients) if args.clients else None,
+        "b_messages": args.b_messages,
+        "c_rate": args.c_rate,
+        "c_seconds": args.c_seconds,
+        "sizes": tuple(args.sizes) if args.sizes else None,
+    }
+    knobs = Knobs(**{**knobs.__dict__, **{k: v for k, v in changes.items() if v is not None}})
+
+    with contextlib.ExitStack() as stack:
+        if args.config:
+            systems = [
+                SystemSpec(
+                    name="zdmq",
+                    driver=ZDMQ_DRIVER,
+                    durability=_config_durability(args.config),
+                    options={"config": args.config},
+                    note=f"running cluster from {args.config} (server CPU not measured)",
+                )
+            ]
+        else:
+            print(f"bench: starting zdmq clusters: nodes {args.nodes}, {args.durability}")
+            systems = stack.enter_context(
+                zdmq_systems(args.nodes, args.durability, args.replication)
+            )
+        peers_json = args.peers
+        if peers_json is None:
+            default = Path(os.environ.get("PEERS_DIR", "/tmp/zdmq-peers")) / "peers.json"
+            peers_json = default if default.exists() else None
+        if peers_json is not None and str(peers_json) != "none":
+            peers, notes = peer_systems(peers_json)
+            for n in notes:
+                print(f"bench: {n}")
+            systems += peers
+        else:
+            print("bench: no peers (start them with loadtest/peers/peers.sh start)")
+        if args.only:
+            systems = [s for s in systems if any(o in s.name for o in args.only)]
+        print("bench: systems: " + ", ".join(s.name for s in systems))
+        rows = run(systems, args.workloads, knobs, args.runs)
+
+    print()
+    print(format_tables(rows))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    path = args.out / f"bench-{stamp}.json"
+    doc = {
+        "machine": machine(),
+        "argv": ["zdmq", "bench", *(argv if argv is not None else sys.argv[2:])],
+        "knobs": knobs.__dict__,
+        "systems": [{"name": s.name, "durability": s.durability, "note": s.note} for s in systems],
+        "rows": rows,
+        "ratios": ratio_rows(rows),
+    }
+    path.write_text(json.dumps(doc, indent=1, default=str))
+    print(f"\nbench: wrote {path}")
+    return 0
+
+
+def _config_durability(path: str) -> str:
+    from zdmq.config import ClusterConfig
+
+    return ClusterConfig.load(path).durability
