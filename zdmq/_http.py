@@ -1,31 +1,69 @@
-"""One HTTP call with zdmq's error mapping, shared by the client and node-to-node calls.
+"""HTTP/1.1 calls for the client and for node-to-node traffic: a lean keep-alive pool.
 
-A connection failure or timeout becomes `NodeUnavailable` (retriable); a non-2xx reply
-becomes the typed error its JSON body names. JSON goes through orjson.
+Why not aiohttp's client: on this 2-core machine a sequential call through
+`aiohttp.ClientSession` costs about 120 µs of client CPU more than the same call on a
+plain asyncio protocol (docs/benchmarks.md, "HTTP stack"), and one-at-a-time pushes
+are what RDSQ's workload measures. This module speaks just the HTTP/1.1 a client
+needs: keep-alive connections per host (at most `limit_per_host` at once), requests
+with a Content-Length body, and replies framed by Content-Length, chunked encoding
+or the end of the connection.
+
+A connection failure, a reset or a timeout becomes `NodeUnavailable` (retriable); a
+non-2xx reply becomes the typed error its JSON body names. A connection is reused
+only after a complete reply that did not say `Connection: close`; one whose call
+timed out or was cancelled is closed, since its reply may still arrive. Idle
+connections are dropped after `idle_s`, well before a node's own keep-alive limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import quote, urlencode
 
-import aiohttp
 import orjson
-from multidict import CIMultiDictProxy
 
 from zdmq.errors import NodeUnavailable, from_wire
 
-__all__ = ["JSON_HEADERS", "Reply", "call", "dumps", "loads"]
+__all__ = ["JSON_HEADERS", "Headers", "HttpPool", "Reply", "call", "dumps", "loads"]
 
 dumps = orjson.dumps
 loads = orjson.loads
 JSON_HEADERS = {"Content-Type": "application/json"}
+_MAX_HEAD = 64 * 1024
+
+
+class Headers(Mapping[str, str]):
+    """A reply's headers, looked up without regard to case (the last of repeats wins)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, items: dict[str, str] | None = None) -> None:
+        self._d = items if items is not None else {}
+
+    def __getitem__(self, name: str) -> str:
+        return self._d[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._d
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._d.get(name.lower(), default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
 
 
 class Reply:
     __slots__ = ("body", "headers", "status")
 
-    def __init__(self, status: int, headers: CIMultiDictProxy[str], body: bytes) -> None:
+    def __init__(self, status: int, headers: Headers, body: bytes) -> None:
         self.status = status
         self.headers = headers
         self.body = body
@@ -34,37 +72,323 @@ class Reply:
         return loads(self.body) if self.body else None
 
 
+class _ProtocolError(Exception):
+    pass
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._buf = bytearray()
+        self._waiter: asyncio.Future[Reply] | None = None
+        self._head: tuple[int, Headers, bool] | None = None  # status, headers, keep-alive
+        self._want = -1  # body bytes still expected; -1: until close; -2: chunked
+        self._head_request = False
+        self.keep_alive = True
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if self._waiter is None or self._waiter.done():
+            return  # bytes nobody asked for: the connection will not be reused
+        try:
+            reply = self._parse()
+        except _ProtocolError as e:
+            self._fail(ConnectionResetError(f"bad reply: {e}"))
+            return
+        if reply is not None:
+            self._waiter.set_result(reply)
+
+    def eof_received(self) -> bool | None:
+        waiting = self._waiter is not None and not self._waiter.done()
+        if waiting and self._head is not None and self._want == -1:
+            # A body framed by the end of the connection.
+            assert self._waiter is not None
+            status, headers, _ = self._head
+            self.keep_alive = False
+            self._waiter.set_result(Reply(status, headers, bytes(self._buf)))
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(exc or ConnectionResetError("the server closed the connection"))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.closed = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- one exchange
+    def send(self, data: bytes, head_request: bool) -> asyncio.Future[Reply]:
+        assert self.transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._head = None
+        self._head_request = head_request
+        self.transport.write(data)
+        return self._waiter
+
+    def _parse(self) -> Reply | None:
+        buf = self._buf
+        while self._head is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _MAX_HEAD:
+                    raise _ProtocolError("reply head too large")
+                return None
+            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            del buf[: end + 4]
+            parts = lines[0].split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+                raise _ProtocolError(f"bad status line {lines[0]!r}")
+            status = int(parts[1])
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if not sep:
+                    raise _ProtocolError(f"bad header line {line!r}")
+                headers[name.strip().lower()] = value.strip()
+            if 100 <= status < 200:  # 100 Continue and friends: the real reply follows
+                continue
+            conn = headers.get("connection", "").lower()
+            keep = conn != "close" if parts[0] == "HTTP/1.1" else conn == "keep-alive"
+            self._head = (status, Headers(headers), keep)
+            if self._head_request or status in (204, 304):
+                self._want = 0
+            elif "chunked" in headers.get("transfer-encoding", "").lower():
+                self._want = -2
+            elif "content-length" in headers:
+                self._want = int(headers["content-length"])
+            else:
+                self._want = -1
+        status, hdrs, keep = self._head
+        if self._want >= 0:
+            if len(buf) < self._want:
+                return None
+            body = bytes(buf[: self._want])
+            del buf[: self._want]
+        elif self._want == -2:
+            parsed = _dechunk(buf)
+            if parsed is None:
+                return None
+            body = parsed
+        else:
+            return None  # until the connection ends
+        self.keep_alive = keep and not buf
+        return Reply(status, hdrs, body)
+
+
+def _dechunk(buf: bytearray) -> bytes | None:
+    """A whole chunked body (and its trailers) from the front of `buf`, or None if it
+    has not all arrived; consumes it from `buf` when complete."""
+    out = bytearray()
+    pos = 0
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        try:
+            size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+        except ValueError:
+            raise _ProtocolError("bad chunk size") from None
+        pos = eol + 2
+        if size == 0:
+            end = buf.find(b"\r\n\r\n", pos - 2)
+            if end < 0:
+                return None
+            del buf[: end + 4]
+            return bytes(out)
+        if len(buf) < pos + size + 2:
+            return None
+        out += buf[pos : pos + size]
+        pos += size + 2
+
+
+class _Host:
+    __slots__ = ("busy", "host", "idle", "port", "waiters")
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.idle: deque[_Conn] = deque()
+        self.busy = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+
+class HttpPool:
+    """Keep-alive connections to any number of hosts, shared by concurrent calls."""
+
+    def __init__(
+        self, *, timeout_s: float = 10.0, limit_per_host: int = 256, idle_s: float = 30.0
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.limit_per_host = limit_per_host
+        self.idle_s = idle_s
+        self._hosts: dict[str, _Host] = {}
+        self._closed = False
+
+    def _host(self, origin: str) -> _Host:
+        h = self._hosts.get(origin)
+        if h is None:
+            if not origin.startswith("http://"):
+                raise ValueError(f"only http:// urls are supported, not {origin!r}")
+            hostport = origin[7:]
+            host, sep, port = hostport.rpartition(":")
+            if not sep or not port.isdigit():
+                host, port = hostport, "80"
+            h = self._hosts[origin] = _Host(host.strip("[]"), int(port))
+        return h
+
+    async def _acquire(self, h: _Host) -> _Conn:
+        now = time.monotonic()
+        while h.idle:
+            conn = h.idle.pop()
+            if not conn.closed and now - conn.idle_since < self.idle_s:
+                h.busy += 1
+                return conn
+            _close(conn)
+        while h.busy >= self.limit_per_host:
+            fut = asyncio.get_running_loop().create_future()
+            h.waiters.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut in h.waiters:
+                    h.waiters.remove(fut)
+                raise
+            if h.idle:
+                return await self._acquire(h)
+        h.busy += 1
+        try:
+            _, conn = await asyncio.get_running_loop().create_connection(_Conn, h.host, h.port)
+        except BaseException:
+            self._release(h, None)
+            raise
+        return conn
+
+    def _release(self, h: _Host, conn: _Conn | None) -> None:
+        h.busy -= 1
+        if conn is not None:
+            if conn.keep_alive and not conn.closed and not self._closed:
+                conn.idle_since = time.monotonic()
+                h.idle.append(conn)
+            else:
+                _close(conn)
+        while h.waiters:
+            fut = h.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                break
+
+    async def request(
+        self,
+        method: str,
+        origin: str,
+        path: str,
+        *,
+        data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Reply:
+        if self._closed:
+            raise RuntimeError("the HTTP pool is closed")
+        h = self._host(origin)
+        target = quote(path, safe="/%:@!$&'()*+,;=-._~")
+        if params:
+            target += "?" + urlencode(params)
+        body = data or b""
+        head = [f"{method} {target} HTTP/1.1\r\nHost: {h.host}:{h.port}\r\n"]
+        if headers:
+            head += [f"{k}: {v}\r\n" for k, v in headers.items()]
+        if body or method in ("POST", "PUT", "PATCH"):
+            head.append(f"Content-Length: {len(body)}\r\n")
+        head.append("\r\n")
+        wire = "".join(head).encode("latin-1") + body
+        conn: _Conn | None = None
+        ok = False
+        try:
+            async with asyncio.timeout(timeout_s if timeout_s is not None else self.timeout_s):
+                conn = await self._acquire(h)
+                reply = await conn.send(wire, method == "HEAD")
+            ok = True
+            return reply
+        finally:
+            if conn is not None:
+                self._release(h, conn if ok else _closed(conn))
+            elif not ok and h.waiters:
+                self._release_waiter(h)
+
+    def _release_waiter(self, h: _Host) -> None:
+        while h.waiters:
+            fut = h.waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                break
+
+    async def close(self) -> None:
+        self._closed = True
+        for h in self._hosts.values():
+            while h.idle:
+                _close(h.idle.pop())
+
+
+def _close(conn: _Conn) -> None:
+    conn.closed = True
+    if conn.transport is not None:
+        conn.transport.close()
+
+
+def _closed(conn: _Conn) -> _Conn:
+    _close(conn)
+    return conn
+
+
 async def call(
-    session: aiohttp.ClientSession,
+    pool: HttpPool,
     method: str,
     url: str,
     *,
     json: Any = None,
     data: bytes | None = None,
     headers: Mapping[str, str] | None = None,
-    params: Mapping[str, str] | None = None,
+    params: Mapping[str, Any] | None = None,
     timeout_s: float | None = None,
 ) -> Reply:
+    """One call, by absolute url; errors mapped to zdmq's typed exceptions."""
     if json is not None:
         data = dumps(json)
         headers = {**JSON_HEADERS, **(headers or {})}
-    # Only override the session's timeout when asked: aiohttp reads `timeout=None` as
-    # "no timeout at all", which would let a call to a paused node wait forever.
-    extra: dict[str, Any] = {}
-    if timeout_s is not None:
-        extra["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
+    # url = "http://host:port" + path
+    slash = url.find("/", 7)
+    origin, path = (url, "/") if slash < 0 else (url[:slash], url[slash:])
+    path, _, query = path.partition("?")
+    if query:
+        params = {**dict(_split_query(query)), **(params or {})}
     try:
-        async with session.request(
-            method, url, data=data, headers=headers, params=params, **extra
-        ) as resp:
-            body = await resp.read()
-            status, resp_headers = resp.status, resp.headers
-    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        reply = await pool.request(
+            method, origin, path, data=data, headers=headers, params=params, timeout_s=timeout_s
+        )
+    except (TimeoutError, OSError, ConnectionError) as e:
         raise NodeUnavailable(f"{method} {url}: {type(e).__name__}: {e}") from None
-    if status >= 400:
+    if reply.status >= 400:
         try:
-            payload = loads(body) if body else None
+            payload = loads(reply.body) if reply.body else None
         except orjson.JSONDecodeError:
             payload = None
-        raise from_wire(status, payload)
-    return Reply(status, resp_headers, body)
+        raise from_wire(reply.status, payload)
+    return reply
+
+
+def _split_query(query: str) -> Iterator[tuple[str, str]]:
+    from urllib.parse import parse_qsl
+
+    yield from parse_qsl(query, keep_blank_values=True)

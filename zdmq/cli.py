@@ -25,8 +25,6 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-import aiohttp
-
 from zdmq import _http
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
@@ -150,15 +148,18 @@ def _up(config_path: str) -> int:
 # ---- small commands -----------------------------------------------------------------------
 async def _healths(config: ClusterConfig, timeout_s: float) -> list[dict[str, Any] | ZdmqError]:
     """Every node's /v1/health reply, or the error that stood in for it, in file order."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+    pool = _http.HttpPool(timeout_s=timeout_s)
 
-        async def one(url: str) -> dict[str, Any] | ZdmqError:
-            try:
-                return dict((await _http.call(session, "GET", url + "/v1/health")).json())
-            except ZdmqError as e:
-                return e
+    async def one(url: str) -> dict[str, Any] | ZdmqError:
+        try:
+            return dict((await _http.call(pool, "GET", url + "/v1/health")).json())
+        except ZdmqError as e:
+            return e
 
+    try:
         return list(await asyncio.gather(*(one(n.url) for n in config.nodes)))
+    finally:
+        await pool.close()
 
 
 async def _status(config: ClusterConfig, args: argparse.Namespace) -> int:

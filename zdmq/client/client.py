@@ -28,8 +28,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from zdmq import _http
 from zdmq.config import ClusterConfig
 from zdmq.errors import NodeUnavailable
@@ -99,7 +97,7 @@ class Client:
         self._timeout_s = timeout_s
         self._max_connections = max_connections
         self._metadata_ttl_s = metadata_ttl_s
-        self._session: aiohttp.ClientSession | None = None
+        self._session: _http.HttpPool | None = None
         self._urls: dict[str, str] = {}
         self._placement: Placement | None = None
         self._max_batch = 1000
@@ -127,12 +125,8 @@ class Client:
     async def open(self) -> None:
         if self._session is not None:
             return
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=self._max_connections
-            ),
-            timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-            skip_auto_headers=("Content-Type",),
+        self._session = _http.HttpPool(
+            timeout_s=self._timeout_s, limit_per_host=self._max_connections
         )
         try:
             if self._config is not None:

@@ -27,8 +27,6 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-import aiohttp
-
 from zdmq import _http
 from zdmq.config import ClusterConfig
 from zdmq.errors import (
@@ -105,7 +103,7 @@ class Node:
         self.storage = storage
         self.state: NodeState = NodeState()
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self._session: aiohttp.ClientSession | None = None
+        self._session: _http.HttpPool | None = None
         self.started_at = time.time()
         self.counters: dict[str, int] = defaultdict(int)
         # Settings of the queues this node stores messages of, as their metadata owners
@@ -123,10 +121,7 @@ class Node:
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         self.state = await asyncio.to_thread(self.storage.load)
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=256, limit_per_host=64),
-            timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
-        )
+        self._session = _http.HttpPool(timeout_s=self.config.request_timeout_s, limit_per_host=64)
 
     async def stop(self) -> None:
         for task in list(self._background):
