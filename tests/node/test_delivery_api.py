@@ -12,11 +12,12 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import ClientResponse, test_utils
+from aiohttp import ClientResponse
 
+from tests.node.conftest import NodeHttp
 from zdmq.config import ClusterConfig
 
-Http = test_utils.TestClient
+Http = NodeHttp
 MiB = 1024 * 1024
 
 

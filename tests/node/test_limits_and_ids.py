@@ -5,12 +5,10 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from aiohttp import test_utils
-
-from tests.node.conftest import Serve
+from tests.node.conftest import NodeHttp, Serve
 from zdmq.config import ClusterConfig
 
-Http = test_utils.TestClient
+Http = NodeHttp
 
 
 async def test_an_id_in_use_by_another_queue_is_refused_with_409_and_the_first_copy_kept(

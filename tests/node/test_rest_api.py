@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import ClientResponse, test_utils
+from aiohttp import ClientResponse
 from yarl import URL
 
+from tests.node.conftest import NodeHttp
 from zdmq.config import ClusterConfig
 from zdmq.models import QueueSettings
 
-Http = test_utils.TestClient
+Http = NodeHttp
 MiB = 1024 * 1024
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
-from aiohttp import test_utils
-
+from tests.node.conftest import NodeHttp
 from zdmq.config import ClusterConfig
 
-Http = test_utils.TestClient
+Http = NodeHttp
 Serve = Callable[[ClusterConfig], AbstractAsyncContextManager[Http]]
 
 

@@ -14,25 +14,20 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
     BatchTooLarge,
-    InternalError,
     InvalidMessage,
     MessageTooLarge,
-    MethodNotAllowed,
     Misrouted,
     NodeUnavailable,
-    RouteNotFound,
     ZdmqError,
 )
 from zdmq.models import (
@@ -49,6 +44,7 @@ from zdmq.models import (
     validate_message_id,
     validate_queue_name,
 )
+from zdmq.server.http import App, Request, Response, json_response
 from zdmq.server.node import (
     FORWARDED_HEADER,
     LISTED_HEADER,
@@ -63,54 +59,22 @@ __all__ = ["NODE", "make_app"]
 
 log = logging.getLogger("zdmq.http")
 
-NODE = web.AppKey("node", Node)
+NODE = "node"
 ID_HEADER = "zdmq-id"
 DEDUP_HEADER = "zdmq-dedup-id"
 OCTET = "application/octet-stream"
 
 
 # ---- replies and request parsing ----------------------------------------------------------
-def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
+def _json(payload: Any, status: int = 200) -> Response:
+    return json_response(payload, status)
 
 
-def _error(err: ZdmqError) -> web.Response:
-    return _json(err.to_wire(), status=err.status)
-
-
-@web.middleware
-async def _errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ZdmqError as e:
-        return _error(e)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        mapped: ZdmqError
-        if e.status == 404:
-            mapped = RouteNotFound(f"no route {request.method} {request.path}")
-        elif e.status == 405:
-            mapped = MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
-        elif e.status == 413:
-            mapped = MessageTooLarge(e.text or "request body too large")
-        else:
-            mapped = BadRequest(e.text or e.reason)
-        return _error(mapped)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as e:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _error(InternalError(f"{type(e).__name__}: {e}"))
-
-
-def _queue(request: web.Request) -> str:
+def _queue(request: Request) -> str:
     return validate_queue_name(request.match_info["queue"])
 
 
-def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
@@ -123,7 +87,7 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
     return value
 
 
-def _float_param(request: web.Request, name: str, lo: float, hi: float) -> float | None:
+def _float_param(request: Request, name: str, lo: float, hi: float) -> float | None:
     raw = request.query.get(name)
     if raw is None:
         return None
@@ -143,7 +107,7 @@ def _float_field(payload: dict[str, Any], name: str, lo: float, hi: float, defau
     return float(value)
 
 
-async def _json_body(request: web.Request) -> Any:
+async def _json_body(request: Request) -> Any:
     raw = await request.read()
     if not raw:
         return None
@@ -153,36 +117,32 @@ async def _json_body(request: web.Request) -> Any:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
 
 
-def _forwarded(request: web.Request) -> bool:
+def _forwarded(request: Request) -> bool:
     return FORWARDED_HEADER in request.headers
 
 
-def _relay(reply: _http.Reply) -> web.Response:
+def _relay(reply: _http.Reply) -> Response:
     """A forwarded call's reply, passed back as it came."""
     headers = {}
     for name in ("Content-Type", ID_HEADER, "zdmq-receipt", "zdmq-receive-count"):
         if name in reply.headers:
             headers[name] = reply.headers[name]
-    return web.Response(status=reply.status, body=reply.body or None, headers=headers)
+    return Response(status=reply.status, body=reply.body or None, headers=headers)
 
 
-async def _forward(
-    node: Node, owner: str, request: web.Request, body: bytes | None
-) -> web.Response:
+async def _forward(node: Node, owner: str, request: Request, body: bytes | None) -> Response:
     if _forwarded(request):
         raise Misrouted(f"{node.id} does not own this call; {owner} does")
     headers = {}
     for name in ("Content-Type", ID_HEADER, DEDUP_HEADER):
         if name in request.headers:
             headers[name] = request.headers[name]
-    reply = await node.peer_call(
-        owner, request.method, request.rel_url.path_qs, data=body, headers=headers
-    )
+    reply = await node.peer_call(owner, request.method, request.path_qs, data=body, headers=headers)
     return _relay(reply)
 
 
 # ---- public API --------------------------------------------------------------------------
-async def health(request: web.Request) -> web.Response:
+async def health(request: Request) -> Response:
     node = request.app[NODE]
     failed = node.storage.failed
     return _json(
@@ -200,7 +160,7 @@ async def health(request: web.Request) -> web.Response:
     )
 
 
-async def cluster(request: web.Request) -> web.Response:
+async def cluster(request: Request) -> Response:
     config = request.app[NODE].config
     return _json(
         {
@@ -216,16 +176,16 @@ async def cluster(request: web.Request) -> web.Response:
     )
 
 
-async def openapi(request: web.Request) -> web.Response:
+async def openapi(request: Request) -> Response:
     text = resources.files("zdmq.server").joinpath("openapi.yaml").read_bytes()
-    return web.Response(body=text, content_type="application/yaml")
+    return Response(body=text, content_type="application/yaml")
 
 
-async def list_queues(request: web.Request) -> web.Response:
+async def list_queues(request: Request) -> Response:
     return _json({"queues": await request.app[NODE].list_queues()})
 
 
-async def create_queue(request: web.Request) -> web.Response:
+async def create_queue(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
@@ -237,21 +197,21 @@ async def create_queue(request: web.Request) -> web.Response:
     return _json({"queue": queue, "settings": settings.to_wire()}, status=201)
 
 
-async def get_queue(request: web.Request) -> web.Response:
+async def get_queue(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     return _json(await node.stats(queue))
 
 
-async def delete_queue(request: web.Request) -> web.Response:
+async def delete_queue(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, None)
     await node.drop_queue(queue)
-    return web.Response(status=204)
+    return Response(status=204)
 
 
-async def queue_metadata(request: web.Request) -> web.Response:
+async def queue_metadata(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
@@ -259,7 +219,7 @@ async def queue_metadata(request: web.Request) -> web.Response:
     return _json(node.metadata(queue))
 
 
-async def push(request: web.Request) -> web.Response:
+async def push(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     limit = node.config.limits.max_message_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -338,7 +298,7 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
     return {"messages": wire}
 
 
-async def push_batch(request: web.Request) -> web.Response:
+async def push_batch(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     limits = node.config.limits
     items = _batch_items(
@@ -374,7 +334,7 @@ def _delivery_wire(d: Delivery) -> dict[str, Any]:
     return m
 
 
-async def _take(request: web.Request, *, receive: bool) -> list[Delivery]:
+async def _take(request: Request, *, receive: bool) -> list[Delivery]:
     node, queue = request.app[NODE], _queue(request)
     hi = MAX_RECEIVE if receive else node.config.limits.max_batch_messages
     limit = _int_param(request, "max", 1, 1, hi)
@@ -393,24 +353,22 @@ async def _take(request: web.Request, *, receive: bool) -> list[Delivery]:
     return await node.routed_take(queue, limit, receive=receive, lease_s=lease_s, wait_s=wait_s)
 
 
-async def pop(request: web.Request) -> web.Response:
+async def pop(request: Request) -> Response:
     got = await _take(request, receive=False)
     if "max" in request.query:
         return _json({"messages": [_delivery_wire(d) for d in got]})
     if not got:
-        return web.Response(status=204)
+        return Response(status=204)
     d = got[0]
-    return web.Response(
-        body=d.body, headers={ID_HEADER: d.id, "Content-Type": d.content_type or OCTET}
-    )
+    return Response(body=d.body, headers={ID_HEADER: d.id, "Content-Type": d.content_type or OCTET})
 
 
-async def receive(request: web.Request) -> web.Response:
+async def receive(request: Request) -> Response:
     got = await _take(request, receive=True)
     return _json({"messages": [_delivery_wire(d) for d in got]})
 
 
-async def _settle(request: web.Request, action: str) -> web.Response:
+async def _settle(request: Request, action: str) -> Response:
     node, queue = request.app[NODE], _queue(request)
     payload = await _json_body(request)
     if not isinstance(payload, dict) or not isinstance(payload.get("receipts"), list):
@@ -459,15 +417,15 @@ async def _settle(request: web.Request, action: str) -> web.Response:
     )
 
 
-async def ack(request: web.Request) -> web.Response:
+async def ack(request: Request) -> Response:
     return await _settle(request, "ack")
 
 
-async def nack(request: web.Request) -> web.Response:
+async def nack(request: Request) -> Response:
     return await _settle(request, "nack")
 
 
-async def extend(request: web.Request) -> web.Response:
+async def extend(request: Request) -> Response:
     return await _settle(request, "extend")
 
 
@@ -483,7 +441,7 @@ def _field(payload: Any, name: str) -> str:
     return str(payload[name])
 
 
-async def internal_register(request: web.Request) -> web.Response:
+async def internal_register(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     _owner_only(node, queue)
     payload = await _json_body(request)
@@ -491,35 +449,35 @@ async def internal_register(request: web.Request) -> web.Response:
     return _json(reply)
 
 
-async def internal_unregister(request: web.Request) -> web.Response:
+async def internal_unregister(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     _owner_only(node, queue)
     await node.unregister(queue, _field(await _json_body(request), "node"))
     return _json({"ok": True})
 
 
-async def internal_ready(request: web.Request) -> web.Response:
+async def internal_ready(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     _owner_only(node, queue)
     node.node_ready(queue, _field(await _json_body(request), "node"))
     return _json({"ok": True})
 
 
-async def internal_purge(request: web.Request) -> web.Response:
+async def internal_purge(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     return _json({"purged": await node.purge_local(queue)})
 
 
-async def internal_depth(request: web.Request) -> web.Response:
+async def internal_depth(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     return _json(node.depth(queue))
 
 
-async def internal_owned(request: web.Request) -> web.Response:
+async def internal_owned(request: Request) -> Response:
     return _json({"queues": request.app[NODE].owned_queues()})
 
 
-async def internal_sweep(request: web.Request) -> web.Response:
+async def internal_sweep(request: Request) -> Response:
     node = request.app[NODE]
     payload = await _json_body(request)
     queues = payload.get("queues") if isinstance(payload, dict) else None
@@ -532,45 +490,50 @@ async def internal_sweep(request: web.Request) -> web.Response:
 
 
 # ---- the application ----------------------------------------------------------------------
-def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=config.limits.max_request_bytes)
+def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App:
+    app = App(max_body=config.limits.max_request_bytes)
     node = Node(config, node_id, open_storage(config.durability, config.node_data_dir(node_id)))
     app[NODE] = node
+    tasks: list[asyncio.Task[None]] = []
 
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+    async def startup(app: App) -> None:
         await node.start()
-        tasks = [asyncio.create_task(node.monitor_loop())]
+        tasks.append(asyncio.create_task(node.monitor_loop()))
         if repair:
             tasks.append(asyncio.create_task(node.repair_loop()))
-        yield
+
+    async def cleanup(app: App) -> None:
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await node.stop()
 
-    app.cleanup_ctx.append(lifecycle)
-    r = app.router
-    r.add_get("/v1/health", health)
-    r.add_get("/v1/cluster", cluster)
-    r.add_get("/v1/openapi.yaml", openapi)
-    r.add_get("/v1/queues", list_queues)
-    r.add_put("/v1/queues/{queue}", create_queue)
-    r.add_get("/v1/queues/{queue}", get_queue)
-    r.add_delete("/v1/queues/{queue}", delete_queue)
-    r.add_get("/v1/queues/{queue}/metadata", queue_metadata)
-    r.add_post("/v1/queues/{queue}/messages", push)
-    r.add_post("/v1/queues/{queue}/batch", push_batch)
-    r.add_post("/v1/queues/{queue}/pop", pop)
-    r.add_post("/v1/queues/{queue}/receive", receive)
-    r.add_post("/v1/queues/{queue}/ack", ack)
-    r.add_post("/v1/queues/{queue}/nack", nack)
-    r.add_post("/v1/queues/{queue}/extend", extend)
-    r.add_post("/v1/internal/queues/{queue}/register", internal_register)
-    r.add_post("/v1/internal/queues/{queue}/unregister", internal_unregister)
-    r.add_post("/v1/internal/queues/{queue}/ready", internal_ready)
-    r.add_post("/v1/internal/queues/{queue}/purge", internal_purge)
-    r.add_get("/v1/internal/queues/{queue}/depth", internal_depth)
-    r.add_get("/v1/internal/owned-queues", internal_owned)
-    r.add_post("/v1/internal/sweep", internal_sweep)
+    app.on_startup.append(startup)
+    app.on_cleanup.append(cleanup)
+    for method, path, handler in (
+        ("GET", "/v1/health", health),
+        ("GET", "/v1/cluster", cluster),
+        ("GET", "/v1/openapi.yaml", openapi),
+        ("GET", "/v1/queues", list_queues),
+        ("PUT", "/v1/queues/{queue}", create_queue),
+        ("GET", "/v1/queues/{queue}", get_queue),
+        ("DELETE", "/v1/queues/{queue}", delete_queue),
+        ("GET", "/v1/queues/{queue}/metadata", queue_metadata),
+        ("POST", "/v1/queues/{queue}/messages", push),
+        ("POST", "/v1/queues/{queue}/batch", push_batch),
+        ("POST", "/v1/queues/{queue}/pop", pop),
+        ("POST", "/v1/queues/{queue}/receive", receive),
+        ("POST", "/v1/queues/{queue}/ack", ack),
+        ("POST", "/v1/queues/{queue}/nack", nack),
+        ("POST", "/v1/queues/{queue}/extend", extend),
+        ("POST", "/v1/internal/queues/{queue}/register", internal_register),
+        ("POST", "/v1/internal/queues/{queue}/unregister", internal_unregister),
+        ("POST", "/v1/internal/queues/{queue}/ready", internal_ready),
+        ("POST", "/v1/internal/queues/{queue}/purge", internal_purge),
+        ("GET", "/v1/internal/queues/{queue}/depth", internal_depth),
+        ("GET", "/v1/internal/owned-queues", internal_owned),
+        ("POST", "/v1/internal/sweep", internal_sweep),
+    ):
+        app.route(method, path, handler)
     return app

@@ -14,10 +14,9 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from aiohttp import web
-
 from zdmq.config import ClusterConfig
 from zdmq.server.app import make_app
+from zdmq.server.http import serve_app
 
 __all__ = ["run_loop", "run_node", "serve"]
 
@@ -27,32 +26,34 @@ log = logging.getLogger("zdmq.node")
 async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = None) -> None:
     me = config.node(node_id)
     app = make_app(config, node_id)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site: web.BaseSite
     if listen_fd is not None:
         # The harness bound this socket on port 0 and passed it down: no port race.
-        site = web.SockSite(runner, socket.socket(fileno=listen_fd), shutdown_timeout=2.0)
+        sock = socket.socket(fileno=listen_fd)
     else:
-        site = web.TCPSite(
-            runner, me.host, me.port, reuse_address=True, backlog=1024, shutdown_timeout=2.0
-        )
+        sock = socket.socket(socket.AF_INET6 if ":" in me.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((me.host, me.port))
+            sock.listen(1024)
+        except OSError as e:
+            sock.close()
+            raise SystemExit(
+                f"zdmq node {node_id}: cannot listen on {me.host}:{me.port}: {e}"
+            ) from e
+    sock.setblocking(False)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+
+    def ready() -> None:
+        log.info("node %s serving %s (durability %s)", node_id, me.url, config.durability)
+        print(f"READY {node_id} {me.url}", flush=True)
+
     try:
-        await site.start()
-    except OSError as e:
-        await runner.cleanup()
-        raise SystemExit(f"zdmq node {node_id}: cannot listen on {me.host}:{me.port}: {e}") from e
-    log.info("node %s serving %s (durability %s)", node_id, me.url, config.durability)
-    print(f"READY {node_id} {me.url}", flush=True)
-    try:
-        await stop.wait()
+        await serve_app(app, sock, stop, ready=ready)
     finally:
-        log.info("node %s stopping", node_id)
-        await runner.cleanup()
+        log.info("node %s stopped", node_id)
 
 
 def run_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

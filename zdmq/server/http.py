@@ -1,0 +1,514 @@
+"""The node's HTTP/1.1 server: an asyncio protocol, a router, requests and replies.
+
+Why not aiohttp's server: a node answers small requests one at a time for most of its
+life, and on this machine aiohttp's request pipeline costs about 75 µs of CPU per call
+more than this module (docs/benchmarks.md, "HTTP stack"). What a zdmq node needs of
+HTTP is small and fixed:
+
+- keep-alive connections (HTTP/1.1 by default, HTTP/1.0 when asked), requests handled
+  one at a time per connection in arrival order (pipelined requests wait their turn);
+- bodies framed by Content-Length or chunked encoding, bounded by `max_body` (a larger
+  one gets 413 and the connection closes), `Expect: 100-continue` answered;
+- every reply framed by Content-Length; errors as zdmq's JSON error body.
+
+A handler is `async def handler(request) -> Response`. A handler still running when
+its client hangs up is not cancelled (a half-done pop or push must finish and commit);
+`request.transport.is_closing()` tells it the caller is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+import orjson
+
+from zdmq.errors import (
+    BadRequest,
+    InternalError,
+    MessageTooLarge,
+    MethodNotAllowed,
+    RouteNotFound,
+    ZdmqError,
+)
+
+__all__ = ["App", "Request", "Response", "json_response", "serve_app"]
+
+log = logging.getLogger("zdmq.http")
+
+_MAX_HEAD = 64 * 1024
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class CIHeaders(Mapping[str, str]):
+    """Request headers, looked up without regard to case (the last of repeats wins)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, d: dict[str, str]) -> None:
+        self._d = d
+
+    def __getitem__(self, name: str) -> str:
+        return self._d[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._d
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._d.get(name.lower(), default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class Request:
+    __slots__ = (
+        "_query",
+        "app",
+        "body",
+        "headers",
+        "match_info",
+        "method",
+        "path",
+        "query_string",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        app: App,
+        method: str,
+        path: str,
+        query_string: str,
+        headers: CIHeaders,
+        body: bytes,
+        transport: asyncio.Transport,
+    ) -> None:
+        self.app = app
+        self.method = method
+        self.path = path
+        self.query_string = query_string
+        self.headers = headers
+        self.body = body
+        self.transport = transport
+        self.match_info: dict[str, str] = {}
+        self._query: dict[str, str] | None = None
+
+    @property
+    def query(self) -> dict[str, str]:
+        """The query string's parameters (the first of repeats wins)."""
+        if self._query is None:
+            q: dict[str, str] = {}
+            for k, v in parse_qsl(self.query_string, keep_blank_values=True):
+                q.setdefault(k, v)
+            self._query = q
+        return self._query
+
+    @property
+    def path_qs(self) -> str:
+        return f"{self.path}?{self.query_string}" if self.query_string else self.path
+
+    @property
+    def content_length(self) -> int:
+        return len(self.body)
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+class Response:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(
+        self,
+        *,
+        status: int = 200,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body or b""
+        self.headers = dict(headers) if headers else {}
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(status=status, body=orjson.dumps(payload), content_type="application/json")
+
+
+def error_response(err: ZdmqError) -> Response:
+    return json_response(err.to_wire(), status=err.status)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class App:
+    """Routes, shared state (`app[key]`), and startup/cleanup hooks."""
+
+    def __init__(self, *, max_body: int) -> None:
+        self.max_body = max_body
+        self._state: dict[str, Any] = {}
+        self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        self._exact: dict[str, dict[str, Handler]] = {}
+        self.on_startup: list[Callable[[App], Awaitable[None]]] = []
+        self.on_cleanup: list[Callable[[App], Awaitable[None]]] = []
+
+    def __getitem__(self, key: str) -> Any:
+        return self._state[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._state[key] = value
+
+    def route(self, method: str, pattern: str, handler: Handler) -> None:
+        """`pattern` like "/v1/queues/{queue}/messages": a `{name}` matches one path
+        segment, handed to the handler in `request.match_info`."""
+        if "{" not in pattern:
+            self._exact.setdefault(pattern, {})[method] = handler
+            return
+        regex = "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$"
+        for compiled, methods in self._routes:
+            if compiled.pattern == regex:
+                methods[method] = handler
+                return
+        self._routes.append((re.compile(regex), {method: handler}))
+
+    def resolve(self, request: Request) -> Handler:
+        methods = self._exact.get(request.path)
+        if methods is None:
+            for compiled, candidate in self._routes:
+                m = compiled.match(request.path)
+                if m is not None:
+                    request.match_info = {k: unquote(v) for k, v in m.groupdict().items()}
+                    methods = candidate
+                    break
+        if methods is None:
+            raise RouteNotFound(f"no route {request.method} {request.path}")
+        handler = methods.get(request.method)
+        if handler is None:
+            raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+        return handler
+
+    async def handle(self, request: Request) -> Response:
+        try:
+            return await self.resolve(request)(request)
+        except ZdmqError as e:
+            return error_response(e)
+        except Exception as e:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            return error_response(InternalError(f"{type(e).__name__}: {e}"))
+
+
+class _Date:
+    """The Date header, formatted once a second."""
+
+    second = -1
+    value = b""
+
+    @classmethod
+    def get(cls) -> bytes:
+        now = int(time.time())
+        if now != cls.second:
+            cls.second = now
+            cls.value = email.utils.formatdate(now, usegmt=True).encode()
+        return cls.value
+
+
+class _HttpProtocol(asyncio.Protocol):
+    def __init__(self, server: _Server) -> None:
+        self.server = server
+        self.app = server.app
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.busy = False  # a handler is running
+        self.closing = False
+        self.paused = False
+        self.last_active = time.monotonic()
+        self.task: asyncio.Task[None] | None = None
+        # The request being read: (method, target, version, headers, keep_alive).
+        self.head: tuple[str, str, str, dict[str, str], bool] | None = None
+        self.want = 0  # body bytes expected (Content-Length), or -2: chunked
+
+    # ---- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server.connections.discard(self)
+
+    def eof_received(self) -> bool | None:
+        self.closing = True
+        if not self.busy and self.transport is not None:
+            self.transport.close()
+        return None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self.last_active = time.monotonic()
+        if not self.busy:
+            self._next()
+        elif len(self.buf) > self.app.max_body + _MAX_HEAD and self.transport is not None:
+            # Pipelined requests beyond one full body wait in the kernel, not here.
+            self.transport.pause_reading()
+            self.paused = True
+
+    # ---- parsing
+    def _next(self) -> None:
+        """Parses and starts the next complete request in the buffer, if any."""
+        while not self.busy and not self.closing:
+            try:
+                req = self._parse()
+            except _Refuse as r:
+                self._refuse(r.err, r.status)
+                return
+            if req is None:
+                return
+            self.busy = True
+            self.task = asyncio.get_running_loop().create_task(self._run(req))
+
+    def _parse(self) -> tuple[Request, bool] | None:
+        buf = self.buf
+        if self.head is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _MAX_HEAD:
+                    raise _Refuse(BadRequest("request head too large"), 431)
+                if buf[:2] == b"\r\n":  # stray CRLFs between requests are allowed
+                    del buf[:2]
+                return None
+            try:
+                text = bytes(buf[:end]).decode("latin-1")
+            finally:
+                del buf[: end + 4]
+            lines = text.lstrip("\r\n").split("\r\n")
+            parts = lines[0].split(" ")
+            if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+                raise _Refuse(BadRequest(f"bad request line {lines[0][:100]!r}"))
+            method, target, version = parts
+            headers: dict[str, str] = {}
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if not sep or not name or name != name.strip():
+                    raise _Refuse(BadRequest(f"bad header line {line[:100]!r}"))
+                headers[name.lower()] = value.strip()
+            conn = headers.get("connection", "").lower()
+            keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                self.want = -2
+            else:
+                raw = headers.get("content-length", "0")
+                if not raw.isdigit():
+                    raise _Refuse(BadRequest(f"bad Content-Length {raw[:40]!r}"))
+                self.want = int(raw)
+                if self.want > self.app.max_body:
+                    raise _Refuse(
+                        MessageTooLarge(
+                            f"request body of {self.want} bytes is over the "
+                            f"{self.app.max_body}-byte limit"
+                        ),
+                        413,
+                    )
+            self.head = (method, target, version, headers, keep)
+            if (
+                headers.get("expect", "").lower() == "100-continue"
+                and self.want != 0
+                and len(buf) == 0
+                and self.transport is not None
+            ):
+                self.transport.write(_CONTINUE)
+        method, target, version, headers, keep = self.head
+        if self.want >= 0:
+            if len(buf) < self.want:
+                return None
+            body = bytes(buf[: self.want])
+            del buf[: self.want]
+        else:
+            got = _dechunk(buf, self.app.max_body)
+            if got is None:
+                return None
+            body = got
+        self.head = None
+        path, _, query = target.partition("?")
+        if not path.startswith("/"):
+            raise _Refuse(BadRequest(f"bad request target {target[:100]!r}"))
+        assert self.transport is not None
+        # Routes match the path as sent: "%2F" in a queue name stays inside its segment.
+        req = Request(self.app, method, path, query, CIHeaders(headers), body, self.transport)
+        return req, keep
+
+    # ---- replies
+    async def _run(self, parsed: tuple[Request, bool]) -> None:
+        req, keep = parsed
+        try:
+            resp = await self.app.handle(req)
+        except asyncio.CancelledError:
+            resp = error_response(InternalError("the node is stopping"))
+            keep = False
+        keep = keep and not self.server.stopping
+        self._write(resp, keep)
+        self.busy = False
+        self.task = None
+        self.last_active = time.monotonic()
+        if not keep:
+            self._close()
+            return
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        if self.closing:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if self.buf:
+            self._next()
+
+    def _write(self, resp: Response, keep: bool) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        status = resp.status
+        head = [
+            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode()),
+            b"Date: " + _Date.get() + b"\r\n",
+        ]
+        for k, v in resp.headers.items():
+            head.append(f"{k}: {v}\r\n".encode("latin-1"))
+        if status != 204 and status >= 200:
+            head.append(b"Content-Length: %d\r\n" % len(resp.body))
+        if not keep:
+            head.append(b"Connection: close\r\n")
+        head.append(b"\r\n")
+        body = resp.body if status != 204 else b""
+        if len(body) > 64 * 1024:
+            t.writelines([b"".join(head), body])
+        else:
+            head.append(body)
+            t.write(b"".join(head))
+
+    def _refuse(self, err: ZdmqError, status: int | None = None) -> None:
+        resp = error_response(err)
+        if status is not None:
+            resp.status = status
+        self._write(resp, keep=False)
+        self._close()
+
+    def _close(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Refuse(Exception):
+    def __init__(self, err: ZdmqError, status: int | None = None) -> None:
+        self.err = err
+        self.status = status
+
+
+def _dechunk(buf: bytearray, limit: int) -> bytes | None:
+    """A whole chunked request body from the front of `buf`, or None until it has all
+    arrived (consumed from `buf` when complete)."""
+    out = bytearray()
+    pos = 0
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            if len(buf) - pos > 1024:
+                raise _Refuse(BadRequest("bad chunk size line"))
+            return None
+        try:
+            size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+        except ValueError:
+            raise _Refuse(BadRequest("bad chunk size")) from None
+        pos = eol + 2
+        if size == 0:
+            end = buf.find(b"\r\n", pos)
+            while end > pos:  # skip trailers up to the empty line
+                pos = end + 2
+                end = buf.find(b"\r\n", pos)
+            if end < 0:
+                return None
+            del buf[: end + 2]
+            return bytes(out)
+        if len(out) + size > limit:
+            raise _Refuse(MessageTooLarge(f"request body is over the {limit}-byte limit"), 413)
+        if len(buf) < pos + size + 2:
+            return None
+        out += buf[pos : pos + size]
+        pos += size + 2
+
+
+class _Server:
+    def __init__(self, app: App, idle_s: float) -> None:
+        self.app = app
+        self.idle_s = idle_s
+        self.connections: set[_HttpProtocol] = set()
+        self.stopping = False
+
+    def reap_idle(self) -> None:
+        now = time.monotonic()
+        for c in list(self.connections):
+            if not c.busy and now - c.last_active > self.idle_s:
+                c._close()
+
+
+async def serve_app(
+    app: App,
+    sock: Any,
+    stop: asyncio.Event,
+    *,
+    ready: Callable[[], None] | None = None,
+    idle_s: float = 75.0,
+    shutdown_timeout_s: float = 2.0,
+) -> None:
+    """Runs `app` on the listening socket `sock` until `stop` is set: startup hooks,
+    serve, then stop accepting, let running handlers finish (up to
+    `shutdown_timeout_s`), close every connection, cleanup hooks."""
+    for hook in app.on_startup:
+        await hook(app)
+    server_state = _Server(app, idle_s)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _HttpProtocol(server_state), sock=sock, backlog=1024)
+    reaper = loop.create_task(_reap(server_state))
+    try:
+        if ready is not None:
+            ready()
+        await stop.wait()
+    finally:
+        server_state.stopping = True
+        server.close()
+        reaper.cancel()
+        running = [c.task for c in server_state.connections if c.task is not None]
+        if running:
+            await asyncio.wait(running, timeout=shutdown_timeout_s)
+        for c in list(server_state.connections):
+            if c.task is not None:
+                c.task.cancel()
+        await asyncio.sleep(0)
+        for c in list(server_state.connections):
+            c._close()
+        with contextlib.suppress(Exception):
+            await server.wait_closed()
+        for hook in reversed(app.on_cleanup):
+            await hook(app)
+
+
+async def _reap(server: _Server) -> None:
+    while True:
+        await asyncio.sleep(min(10.0, server.idle_s / 2))
+        server.reap_idle()
