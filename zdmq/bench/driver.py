@@ -14,7 +14,10 @@ Semantics every driver keeps, so that the rows of one table compare like with li
 - `receive(n)` takes up to n messages with at-least-once semantics (each needs an
   `ack`, and comes back if the consumer dies); `[]` when nothing is there within a
   short wait (a driver may block up to `wait_s` for a message).
-- `ack(tokens)` settles what `receive` returned, durably, before it returns.
+- `ack(tokens)` settles what `receive` returned. zdmq's ack returns once the ack is
+  committed with the queue's durability; not every peer can promise that (RabbitMQ's
+  basic.ack is never confirmed by the broker, nor flushed), so each peer driver's
+  docstring says what its ack means, and docs/benchmarks.md says it beside the rows.
 """
 
 from __future__ import annotations
