@@ -1,0 +1,149 @@
+"""`zdmq bench` end to end on real node processes, and the arithmetic of its report.
+
+The peers are not started here (CI installs none): their drivers are checked by
+loadtest/peers/check_drivers.py against real servers. These tests check that the
+harness moves every message it claims to, measures server CPU, and that medians and
+ratios say what they should.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zdmq.bench.driver import SystemSpec
+from zdmq.bench.report import format_tables, medians, ratio_rows
+from zdmq.bench.runner import main as bench_main
+from zdmq.bench.runner import zdmq_systems
+from zdmq.bench.suite import Knobs, workload_a, workload_b
+from zdmq.bench.workloads import body_key, cpu_seconds, make_body, sent_at
+
+TINY = Knobs(
+    n=60,
+    clients=(1, 2),
+    b_producers=2,
+    b_consumers=2,
+    b_messages=3000,
+    b_batch=20,
+    b_inflight=2,
+    c_rate=100.0,
+    c_seconds=0.5,
+    sizes=(100, 4096),
+    d_bytes=64 * 1024,
+    d_max=40,
+)
+
+
+def test_bodies_are_unique_sized_and_carry_their_send_time() -> None:
+    a, b = make_body(100, 3, 7), make_body(100, 3, 8)
+    assert len(a) == len(b) == 100
+    assert body_key(a) == (3, 7) and body_key(b) == (3, 8)
+    assert 0 <= sent_at(b) - sent_at(a) < 1.0
+    assert len(make_body(10, 0, 0)) == 16  # the header is never cut
+
+
+def test_server_cpu_is_read_from_proc_and_a_gone_pid_counts_zero() -> None:
+    import os
+
+    before = cpu_seconds([os.getpid()])
+    sum(i * i for i in range(300_000))
+    assert cpu_seconds([os.getpid()]) > before
+    assert cpu_seconds([2**22 + 12345]) == 0.0
+
+
+def test_workloads_a_and_b_move_every_message_through_a_real_node() -> None:
+    with zdmq_systems([1], ["os"]) as [spec]:
+        rows = workload_a(spec, TINY) + workload_b(spec, TINY)
+    a1, a2, b = rows
+    assert (a1["variant"], a2["variant"], b["variant"]) == ("1 client", "2 clients", "2+2")
+    for row in (a1, a2):
+        assert row["push_rate"] > 0 and row["recv_rate"] > 0
+        assert 0 < row["push_p50_ms"] <= row["push_p99_ms"]
+        # CPU time comes in 10 ms ticks: a phase this short may read 0.
+        assert row["push_cpu_us"] >= 0 and row["recv_cpu_us"] >= 0
+    # 3,000 messages through the node cost it measurably more than one tick.
+    assert b["rate"] > 0 and b["server_cpu_s"] > 0 and b["cpu_us"] > 0
+
+
+def test_zdmq_bench_quick_prints_tables_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        bench_main(
+            [
+                "--quick",
+                "--peers",
+                "none",
+                "--durability",
+                "os",
+                "--workloads",
+                "cd",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "(c) push-to-delivery latency" in out and "(d) message size sweep" in out
+    [path] = tmp_path.glob("bench-*.json")
+    doc = json.loads(path.read_text())
+    rows = doc["rows"]
+    assert {r["workload"] for r in rows} == {"c", "d"}
+    assert [r["variant"] for r in rows if r["workload"] == "d"] == ["100 B", "10 KiB"]
+    assert all(r["system"] == "zdmq os" for r in rows)
+    c = next(r for r in rows if r["workload"] == "c")
+    assert 0 < c["p50_ms"] <= c["p99_ms"]
+
+
+def _row(system: str, durability: str, rate: float, p50: float) -> dict[str, object]:
+    return {
+        "system": system,
+        "durability": durability,
+        "workload": "a",
+        "variant": "1 client",
+        "push_rate": rate,
+        "push_p50_ms": p50,
+    }
+
+
+def test_medians_take_the_middle_run_and_keep_every_sample() -> None:
+    runs = [
+        [_row("zdmq fsync", "fsync", r, p)]
+        for r, p in ((1000.0, 0.5), (3000.0, 0.1), (2000.0, 0.3))
+    ]
+    [m] = medians(runs)
+    assert m["runs"] == 3
+    assert m["push_rate"] == 2000.0 and m["push_p50_ms"] == 0.3
+    assert m["samples"]["push_rate"] == [1000.0, 3000.0, 2000.0]
+
+
+def test_ratios_compare_like_durability_and_say_above_one_when_zdmq_is_ahead() -> None:
+    rows = medians(
+        [
+            [
+                _row("zdmq fsync", "fsync", 2000.0, 0.4),
+                _row("zdmq os", "os", 4000.0, 0.2),
+                _row("redis list always", "fsync", 1000.0, 0.8),
+                _row("redis list everysec", "os", 8000.0, 0.1),
+            ]
+        ]
+    )
+    ratios = {r["system"]: r for r in ratio_rows(rows)}
+    always, everysec = ratios["redis list always"], ratios["redis list everysec"]
+    assert always["zdmq_system"] == "zdmq fsync" and everysec["zdmq_system"] == "zdmq os"
+    assert always["push_rate"] == pytest.approx(2.0)  # zdmq twice as fast
+    assert always["push_p50_ms"] == pytest.approx(2.0)  # and half the latency
+    assert everysec["push_rate"] == pytest.approx(0.5)
+    assert everysec["push_p50_ms"] == pytest.approx(0.5)
+    table = format_tables(rows, markdown=True)
+    assert "| zdmq fsync / redis list always | fsync | 1 client | 2.00 | 2.00 |" in table
+
+
+def test_a_spec_names_its_driver_by_import_path_and_pickles() -> None:
+    import pickle
+
+    spec = SystemSpec("x", "zdmq.bench.zdmq_driver:ZdmqDriver", "os", {"urls": ["http://h:1"]})
+    assert pickle.loads(pickle.dumps(spec)) == spec
