@@ -101,14 +101,14 @@ def _alive(pid: int) -> bool:
 
 
 def machine() -> dict[str, Any]:
-    import aiohttp
+    import sqlite3
 
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "aiohttp": aiohttp.__version__,
+        "sqlite": sqlite3.sqlite_version,
     }
 
 
