@@ -34,6 +34,7 @@ dumps = orjson.dumps
 loads = orjson.loads
 JSON_HEADERS = {"Content-Type": "application/json"}
 _MAX_HEAD = 64 * 1024
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 class Headers(Mapping[str, str]):
@@ -97,7 +98,10 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._buf += data
         if self._waiter is None or self._waiter.done():
-            return  # bytes nobody asked for: the connection will not be reused
+            # Bytes nobody asked for: they would be read as the next call's reply.
+            self.keep_alive = False
+            self._fail(ConnectionResetError("unexpected bytes on an idle connection"))
+            return
         try:
             reply = self._parse()
         except _ProtocolError as e:
@@ -147,8 +151,12 @@ class _Conn(asyncio.Protocol):
             lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
             del buf[: end + 4]
             parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-                raise _ProtocolError(f"bad status line {lines[0]!r}")
+            if (
+                len(parts) < 2
+                or not parts[0].startswith("HTTP/1.")
+                or not (len(parts[1]) == 3 and parts[1].isascii() and parts[1].isdigit())
+            ):
+                raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
             status = int(parts[1])
             headers: dict[str, str] = {}
             for line in lines[1:]:
@@ -166,7 +174,10 @@ class _Conn(asyncio.Protocol):
             elif "chunked" in headers.get("transfer-encoding", "").lower():
                 self._want = -2
             elif "content-length" in headers:
-                self._want = int(headers["content-length"])
+                raw = headers["content-length"]
+                if not (raw.isascii() and raw.isdigit()):
+                    raise _ProtocolError(f"bad Content-Length {raw[:40]!r}")
+                self._want = int(raw)
             else:
                 self._want = -1
         status, hdrs, keep = self._head
@@ -195,10 +206,10 @@ def _dechunk(buf: bytearray) -> bytes | None:
         eol = buf.find(b"\r\n", pos)
         if eol < 0:
             return None
-        try:
-            size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
-        except ValueError:
-            raise _ProtocolError("bad chunk size") from None
+        size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+        if not size_text or len(size_text) > 8 or not _HEX.issuperset(size_text):
+            raise _ProtocolError("bad chunk size")
+        size = int(size_text, 16)
         pos = eol + 2
         if size == 0:
             end = buf.find(b"\r\n\r\n", pos - 2)
@@ -306,7 +317,8 @@ class HttpPool:
         if params:
             target += "?" + urlencode(params)
         body = data or b""
-        head = [f"{method} {target} HTTP/1.1\r\nHost: {h.host}:{h.port}\r\n"]
+        host = f"[{h.host}]" if ":" in h.host else h.host
+        head = [f"{method} {target} HTTP/1.1\r\nHost: {host}:{h.port}\r\n"]
         if headers:
             head += [f"{k}: {v}\r\n" for k, v in headers.items()]
         if body or method in ("POST", "PUT", "PATCH"):

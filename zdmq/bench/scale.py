@@ -10,7 +10,9 @@ cluster size? And what does a node hold in memory (issue 4, target 6)?
     queues   1, 100, 1,000, 10,000 queues created (concurrently) on a 1-node and a
              4-node cluster; one client process with 32 calls in flight pushes, then
              receives + acks, one message per call, round robin over the queues; the
-             nodes' RSS after creating them.
+             nodes' RSS after creating them. Measured twice: with the queues empty
+             before the phase, then with 16 messages held in each (see
+             `queue_count_rows` for why).
     nodes    1, 2, 4, 8 node clusters: workload (a) with 1 client (seq push, seq
              receive+ack) and workload (b) (4+4 batched), as `suite` runs them.
 
@@ -82,6 +84,8 @@ class ScaleKnobs:
     prefill_inflight: int = 4
     queue_msgs: int = 20_000  # queues: pushes, then receive+acks, over all queues
     queue_inflight: int = 32
+    # queues: messages kept in every queue while measuring; 0 = the queues start empty
+    queue_resident: tuple[int, ...] = (0, 16)
     nodes_b_messages: int = 50_000  # nodes: workload (b), messages in all
 
     @classmethod
@@ -97,6 +101,7 @@ class ScaleKnobs:
             inflight=2,
             prefill_batch=500,
             queue_msgs=400,
+            queue_resident=(0,),
             queue_inflight=8,
             nodes_b_messages=1_000,
         )
@@ -323,8 +328,32 @@ async def _spread(
     }
 
 
+async def _fill_queues(spec: SystemSpec, queues: list[str], each: int, k: ScaleKnobs) -> None:
+    """Pushes `each` more messages into every queue (one batch per queue)."""
+    async with _client(spec) as c:
+        it = iter(queues)
+
+        async def worker() -> None:
+            for q in it:
+                await c.push_many(q, [make_body(k.size, 1, i) for i in range(each)])
+
+        await asyncio.gather(*(worker() for _ in range(k.queue_inflight)))
+
+
+def _queues_label(count: int, resident: int) -> str:
+    label = f"{count:,} queue{'s' if count > 1 else ''}"
+    return f"{label}, {resident} held each" if resident else label
+
+
 def queue_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
-    """Push and receive+ack spread over 1 .. 10,000 queues, per cluster size."""
+    """Push and receive+ack spread over 1 .. 10,000 queues, per cluster size.
+
+    With `queue_resident` levels above 0 each queue count is measured again with that
+    many messages kept in every queue: then no queue goes empty during the phases, so
+    no node registers or unregisters its UUID queue with the metadata owner (which
+    a push to an empty UUID queue, and a receive that empties one, cost on a
+    multi-node cluster). The difference between the rows is that cost.
+    """
     rows: list[Row] = []
     for nodes in k.queue_nodes:
         with _system(nodes, k) as spec:
@@ -336,30 +365,63 @@ def queue_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
                 _run(_create_queues(spec, new, k.queue_inflight))
                 create_s = time.monotonic() - t0
                 queues += new
-                rss = _max_rss(spec)
-                n = k.queue_msgs
-                push = _run(_spread(spec, queues, n, k, "push"))
-                recv = _run(_spread(spec, queues, n, k, "recv"))
-                rows.append(
-                    _row(
-                        spec,
-                        f"{count:,} queue{'s' if count > 1 else ''}",
-                        push_rate=push["rate"],
-                        push_p99_ms=push["p99_ms"],
-                        push_cpu_us=_cpu_us(push["cpu_s"], n),
-                        recv_rate=recv["rate"],
-                        recv_p99_ms=recv["p99_ms"],
-                        recv_cpu_us=_cpu_us(recv["cpu_s"], n),
-                        cpu_us=_cpu_us(push["cpu_s"] + recv["cpu_s"], n),
-                        recv_calls_per_op=recv["calls_per_op"],
-                        recv_empty=recv["empty"],
-                        rss_mb=rss,
-                        rss_idle_mb=idle,
-                        create_rate=len(new) / create_s if new and create_s > 0 else float("nan"),
+                held = 0
+                for resident in sorted(k.queue_resident):
+                    if resident > held:
+                        _run(_fill_queues(spec, queues, resident - held, k))
+                        held = resident
+                    rss = _max_rss(spec)
+                    n = k.queue_msgs
+                    push = _run(_spread(spec, queues, n, k, "push"))
+                    recv = _run(_spread(spec, queues, n, k, "recv"))
+                    rows.append(
+                        _row(
+                            spec,
+                            _queues_label(count, resident),
+                            push_rate=push["rate"],
+                            push_p99_ms=push["p99_ms"],
+                            push_cpu_us=_cpu_us(push["cpu_s"], n),
+                            recv_rate=recv["rate"],
+                            recv_p99_ms=recv["p99_ms"],
+                            recv_cpu_us=_cpu_us(recv["cpu_s"], n),
+                            cpu_us=_cpu_us(push["cpu_s"] + recv["cpu_s"], n),
+                            recv_calls_per_op=recv["calls_per_op"],
+                            recv_empty=recv["empty"],
+                            rss_mb=rss,
+                            rss_idle_mb=idle,
+                            create_rate=len(new) / create_s
+                            if new and create_s > 0
+                            else float("nan"),
+                        )
                     )
-                )
-                log(f"scale: {count:,} queues on {nodes} node(s) done (RSS {rss:.0f} MB)")
+                    log(
+                        f"scale: {_queues_label(count, resident)} on {nodes} node(s) done "
+                        f"(RSS {rss:.0f} MB)"
+                    )
+                # Empty them again for the next count: the cold rows need empty queues.
+                if held:
+                    _run(_drain_queues(spec, queues, held, k))
     return rows
+
+
+async def _drain_queues(spec: SystemSpec, queues: list[str], each: int, k: ScaleKnobs) -> None:
+    """Takes `each` messages out of every queue (received and acked)."""
+    async with _client(spec) as c:
+        it = iter(queues)
+        deadline = time.monotonic() + 600
+
+        async def worker() -> None:
+            for q in it:
+                left = each
+                while left > 0:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"queue {q}: {left} of {each} messages not found")
+                    got = await c.receive(q, min(left, 100))
+                    if got:
+                        await c.ack(q, [m.receipt for m in got])
+                        left -= len(got)
+
+        await asyncio.gather(*(worker() for _ in range(k.queue_inflight)))
 
 
 # ---- node count ---------------------------------------------------------------------------
@@ -398,7 +460,7 @@ def node_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
                     rss_idle_mb=idle,
                 )
             )
-            log(f"scale: {nodes} node(s) done")
+            log(f"scale: {nodes} node{'s' if nodes > 1 else ''} done")
     return rows
 
 
@@ -434,7 +496,7 @@ def memory_summary(rows: list[Row]) -> str:
                 f"+{added:.1f} MB over idle ({per:.0f} B per message; target: 1M add <= 150 MB)"
             )
     for r in rows:
-        if r["variant"].endswith(("queue", "queues")):
+        if r["variant"].endswith(("queue", "queues")) or "held each" in r["variant"]:
             lines.append(
                 f"memory: {r['system']}, {r['variant']}: {r['rss_mb']:.1f} MB RSS "
                 f"(idle {r['rss_idle_mb']:.1f} MB)"
@@ -450,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", type=int, nargs="*", help="queue depths; none: skip")
     ap.add_argument("--queues", type=int, nargs="*", help="queue counts; none: skip")
     ap.add_argument("--queue-nodes", type=int, nargs="+", help="cluster sizes for --queues")
+    ap.add_argument(
+        "--queue-resident", type=int, nargs="+", help="messages held per queue (0: empty)"
+    )
     ap.add_argument("--nodes", type=int, nargs="*", help="cluster sizes; none: skip")
     ap.add_argument("--seq-n", type=int, help="one-at-a-time calls per measurement")
     ap.add_argument("--durability", choices=["fsync", "os"])
@@ -461,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         "depths": args.depths,
         "queue_counts": args.queues,
         "queue_nodes": args.queue_nodes,
+        "queue_resident": args.queue_resident,
         "node_counts": args.nodes,
         "seq_n": args.seq_n,
         "durability": args.durability,

@@ -36,6 +36,7 @@ from zdmq.errors import (
     InternalError,
     MessageTooLarge,
     MethodNotAllowed,
+    NodeUnavailable,
     RouteNotFound,
     ZdmqError,
 )
@@ -242,6 +243,7 @@ class _HttpProtocol(asyncio.Protocol):
         # The request being read: (method, target, version, headers, keep_alive).
         self.head: tuple[str, str, str, dict[str, str], bool] | None = None
         self.want = 0  # body bytes expected (Content-Length), or -2: chunked
+        self.chunks: _Dechunker | None = None
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -282,11 +284,11 @@ class _HttpProtocol(asyncio.Protocol):
             self.busy = True
             self.task = asyncio.get_running_loop().create_task(self._run(req))
 
-    def _parse(self) -> tuple[Request, bool] | None:
+    def _parse(self) -> tuple[Request, bool, str] | None:
         buf = self.buf
         if self.head is None:
             end = buf.find(b"\r\n\r\n")
-            if end < 0:
+            if end < 0 or end > _MAX_HEAD:
                 if len(buf) > _MAX_HEAD:
                     raise _Refuse(BadRequest("request head too large"), 431)
                 if buf[:2] == b"\r\n":  # stray CRLFs between requests are allowed
@@ -306,14 +308,17 @@ class _HttpProtocol(asyncio.Protocol):
                 name, sep, value = line.partition(":")
                 if not sep or not name or name != name.strip():
                     raise _Refuse(BadRequest(f"bad header line {line[:100]!r}"))
-                headers[name.lower()] = value.strip()
+                key, value = name.lower(), value.strip()
+                if key == "content-length" and headers.get(key, value) != value:
+                    raise _Refuse(BadRequest("conflicting Content-Length headers"))
+                headers[key] = value
             conn = headers.get("connection", "").lower()
             keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
             if "chunked" in headers.get("transfer-encoding", "").lower():
                 self.want = -2
             else:
                 raw = headers.get("content-length", "0")
-                if not raw.isdigit():
+                if not (raw.isascii() and raw.isdigit()):
                     raise _Refuse(BadRequest(f"bad Content-Length {raw[:40]!r}"))
                 self.want = int(raw)
                 if self.want > self.app.max_body:
@@ -339,9 +344,12 @@ class _HttpProtocol(asyncio.Protocol):
             body = bytes(buf[: self.want])
             del buf[: self.want]
         else:
-            got = _dechunk(buf, self.app.max_body)
+            if self.chunks is None:
+                self.chunks = _Dechunker(self.app.max_body)
+            got = self.chunks.feed(buf)
             if got is None:
                 return None
+            self.chunks = None
             body = got
         self.head = None
         path, _, query = target.partition("?")
@@ -350,18 +358,21 @@ class _HttpProtocol(asyncio.Protocol):
         assert self.transport is not None
         # Routes match the path as sent: "%2F" in a queue name stays inside its segment.
         req = Request(self.app, method, path, query, CIHeaders(headers), body, self.transport)
-        return req, keep
+        return req, keep, version
 
     # ---- replies
-    async def _run(self, parsed: tuple[Request, bool]) -> None:
-        req, keep = parsed
-        try:
-            resp = await self.app.handle(req)
-        except asyncio.CancelledError:
-            resp = error_response(InternalError("the node is stopping"))
-            keep = False
+    async def _run(self, parsed: tuple[Request, bool, str]) -> None:
+        req, keep, version = parsed
+        if self.server.stopping:  # no new work once the node is stopping
+            resp = error_response(NodeUnavailable("the node is stopping"))
+        else:
+            try:
+                resp = await self.app.handle(req)
+            except asyncio.CancelledError:
+                resp = error_response(InternalError("the node is stopping"))
+                keep = False
         keep = keep and not self.server.stopping
-        self._write(resp, keep)
+        self._write(resp, keep, head_only=req.method == "HEAD", http10=version == "HTTP/1.0")
         self.busy = False
         self.task = None
         self.last_active = time.monotonic()
@@ -378,7 +389,9 @@ class _HttpProtocol(asyncio.Protocol):
         if self.buf:
             self._next()
 
-    def _write(self, resp: Response, keep: bool) -> None:
+    def _write(
+        self, resp: Response, keep: bool, *, head_only: bool = False, http10: bool = False
+    ) -> None:
         t = self.transport
         if t is None or t.is_closing():
             return
@@ -393,8 +406,10 @@ class _HttpProtocol(asyncio.Protocol):
             head.append(b"Content-Length: %d\r\n" % len(resp.body))
         if not keep:
             head.append(b"Connection: close\r\n")
+        elif http10:
+            head.append(b"Connection: keep-alive\r\n")
         head.append(b"\r\n")
-        body = resp.body if status != 204 else b""
+        body = resp.body if status != 204 and not head_only else b""
         if len(body) > 64 * 1024:
             t.writelines([b"".join(head), body])
         else:
@@ -420,37 +435,76 @@ class _Refuse(Exception):
         self.status = status
 
 
-def _dechunk(buf: bytearray, limit: int) -> bytes | None:
-    """A whole chunked request body from the front of `buf`, or None until it has all
-    arrived (consumed from `buf` when complete)."""
-    out = bytearray()
-    pos = 0
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            if len(buf) - pos > 1024:
-                raise _Refuse(BadRequest("bad chunk size line"))
-            return None
-        try:
-            size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
-        except ValueError:
-            raise _Refuse(BadRequest("bad chunk size")) from None
-        pos = eol + 2
-        if size == 0:
-            end = buf.find(b"\r\n", pos)
-            while end > pos:  # skip trailers up to the empty line
-                pos = end + 2
-                end = buf.find(b"\r\n", pos)
-            if end < 0:
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+class _Dechunker:
+    """Decodes a chunked request body as it arrives, consuming `buf` as it goes (so a
+    body in many small reads is parsed once, not from the start at every read).
+    Chunk-size lines, extensions and trailers are bounded; sizes are hex digits only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.out = bytearray()
+        self.left = 0  # bytes of the current chunk still to come
+        self.crlf = False  # the CRLF after a chunk's data is due
+        self.trailers = False
+        self.trailer_bytes = 0
+
+    def feed(self, buf: bytearray) -> bytes | None:
+        while True:
+            if self.trailers:
+                eol = buf.find(b"\r\n")
+                if eol < 0:
+                    self._bound_line(buf)
+                    return None
+                self.trailer_bytes += eol + 2
+                if self.trailer_bytes > _MAX_HEAD:
+                    raise _Refuse(BadRequest("chunked trailers too large"), 431)
+                del buf[: eol + 2]
+                if eol == 0:
+                    return bytes(self.out)
+                continue
+            if self.left:
+                take = min(self.left, len(buf))
+                if not take:
+                    return None
+                self.out += buf[:take]
+                del buf[:take]
+                self.left -= take
+                if self.left:
+                    return None
+                self.crlf = True
+            if self.crlf:
+                if len(buf) < 2:
+                    return None
+                if buf[:2] != b"\r\n":
+                    raise _Refuse(BadRequest("chunk data not followed by CRLF"))
+                del buf[:2]
+                self.crlf = False
+                continue
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                self._bound_line(buf)
                 return None
-            del buf[: end + 2]
-            return bytes(out)
-        if len(out) + size > limit:
-            raise _Refuse(MessageTooLarge(f"request body is over the {limit}-byte limit"), 413)
-        if len(buf) < pos + size + 2:
-            return None
-        out += buf[pos : pos + size]
-        pos += size + 2
+            size_text = bytes(buf[:eol]).split(b";", 1)[0].strip()
+            if eol > 1024 or not size_text or not _HEX.issuperset(size_text) or len(size_text) > 8:
+                raise _Refuse(BadRequest("bad chunk size line"))
+            size = int(size_text, 16)
+            del buf[: eol + 2]
+            if size == 0:
+                self.trailers = True
+                continue
+            if len(self.out) + size > self.limit:
+                raise _Refuse(
+                    MessageTooLarge(f"request body is over the {self.limit}-byte limit"), 413
+                )
+            self.left = size
+
+    @staticmethod
+    def _bound_line(buf: bytearray) -> None:
+        if len(buf) > 1024:
+            raise _Refuse(BadRequest("chunk size or trailer line too long"))
 
 
 class _Server:
