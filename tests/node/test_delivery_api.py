@@ -7,6 +7,7 @@ nothing is created, leased or settled.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 import pytest
 from aiohttp import ClientResponse
 
+from tests.helpers import wait_until
 from tests.node.conftest import NodeHttp
 from zdmq.config import ClusterConfig
 
@@ -358,3 +360,32 @@ async def test_a_message_over_the_queues_max_message_bytes_returns_413_and_store
     await _push(http, "big", b"x" * (limit + 1))
     assert (await _stats(http, "small"))["messages"] == 1
     assert (await _stats(http, "big"))["messages"] == 1
+
+
+async def test_a_long_poll_receive_whose_caller_hung_up_releases_what_it_leased(
+    http: Http,
+) -> None:
+    q = f"hangup-{uuid.uuid4().hex[:8]}"
+    await _create(http, q)
+    # A raw long poll (the way a consumer's cancelled receive looks to the node) ...
+    port = int(http.base.rsplit(":", 1)[1])
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST /v1/queues/{q}/receive?max=5&wait_s=5&visibility_s=60 HTTP/1.1\r\n"
+        f"Host: x\r\nContent-Length: 0\r\n\r\n".encode()
+    )
+    await writer.drain()
+    # ... whose caller hangs up while it waits.
+    writer.close()
+    await writer.wait_closed()
+    await _push(http, q, b"wakes the poll")
+
+    async def released() -> bool:
+        s = await _stats(http, q)
+        return (s["messages"], s["in_flight"]) == (1, 0)
+
+    # The poll wakes, leases the message, sees its caller gone and releases it at once:
+    # visible again well before its 60 s visibility timeout.
+    await wait_until(released, timeout_s=5, what="the lease to be released")
+    [got] = await _receive(http, q, 5)
+    assert got["body"] == "wakes the poll"

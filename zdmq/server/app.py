@@ -347,10 +347,19 @@ async def _take(request: Request, *, receive: bool) -> list[Delivery]:
     route = request.headers.get(ROUTE_HEADER)
     if route == "local":
         listed = request.headers.get(LISTED_HEADER) == "1"
-        return await node.take_local(queue, limit, lease_s=lease_s, receive=receive, listed=listed)
-    if _forwarded(request) and node.meta_owner(queue) != node.id:
+        got = await node.take_local(queue, limit, lease_s=lease_s, receive=receive, listed=listed)
+    elif _forwarded(request) and node.meta_owner(queue) != node.id:
         raise Misrouted(f"{node.id} is not the metadata owner of {queue!r}")
-    return await node.routed_take(queue, limit, receive=receive, lease_s=lease_s, wait_s=wait_s)
+    else:
+        got = await node.routed_take(queue, limit, receive=receive, lease_s=lease_s, wait_s=wait_s)
+    if receive and got and request.transport.is_closing():
+        # The caller hung up while its receive ran (a long poll it gave up on, a consumer
+        # shutting down): nobody will handle these, so they are visible again at once
+        # rather than after their visibility timeout.
+        receipts = [d.receipt for d in got if d.receipt is not None]
+        await _settle_receipts(node, queue, "nack", receipts)
+        raise NodeUnavailable("the caller closed the connection before its receive replied")
+    return got
 
 
 async def pop(request: Request) -> Response:
@@ -385,9 +394,33 @@ async def _settle(request: Request, action: str) -> Response:
         if "visibility_s" not in payload:
             raise BadRequest("visibility_s: required to extend a lease")
         visibility_s = _float_field(payload, "visibility_s", 0.0, MAX_VISIBILITY_S, 0.0)
+    if _forwarded(request):
+        by_owner, _ = group_receipts(receipts, node.placement.owner)
+        if set(by_owner) - {node.id}:
+            raise Misrouted(f"a forwarded {action} holds receipts {node.id} does not own")
+    done, failed = await _settle_receipts(
+        node, queue, action, receipts, delay_s=delay_s, visibility_s=visibility_s
+    )
+    return _json(
+        {
+            SETTLED_KEY[action]: done,
+            "failed": [{"receipt": r, "code": c} for r, c in failed.items()],
+        }
+    )
+
+
+async def _settle_receipts(
+    node: Node,
+    queue: str,
+    action: str,
+    receipts: list[Any],
+    *,
+    delay_s: float = 0.0,
+    visibility_s: float = 0.0,
+) -> tuple[int, dict[str, str]]:
+    """Acks, nacks or extends receipts on the nodes that store their messages (this
+    one locally, the others with one call each); returns (done, failed receipt -> code)."""
     by_owner, failed = group_receipts(receipts, node.placement.owner)
-    if _forwarded(request) and set(by_owner) - {node.id}:
-        raise Misrouted(f"a forwarded {action} holds receipts {node.id} does not own")
 
     async def settle_on(owner: str, part: list[tuple[str, str, str]]) -> int:
         if owner == node.id:
@@ -409,12 +442,7 @@ async def _settle(request: Request, action: str) -> Response:
         return int(j[SETTLED_KEY[action]])
 
     done = await asyncio.gather(*(settle_on(o, part) for o, part in by_owner.items()))
-    return _json(
-        {
-            SETTLED_KEY[action]: sum(done),
-            "failed": [{"receipt": r, "code": c} for r, c in failed.items()],
-        }
-    )
+    return sum(done), failed
 
 
 async def ack(request: Request) -> Response:
