@@ -22,7 +22,6 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -135,25 +134,17 @@ class SqliteStorage(Storage):
     def __init__(self, path: Path, *, fsync: bool) -> None:
         self.path = path
         self._fsync = fsync
-        # One thread owns the connection: writes are serialized there, and the event
-        # loop never blocks on the disk.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zdmq-storage")
+        # Opened (and loaded) on a worker thread, then written only from the event loop.
         self._conn: sqlite3.Connection | None = None
         self._pending: list[Op] = []
         self._next: asyncio.Future[None] | None = None
-        self._in_flight: asyncio.Future[None] | None = None
         self._scheduled = False  # a flush is queued on the event loop
-        self._idle: asyncio.Future[None] | None = None  # close() waits on it
-        # Without fsync a commit is a few dozen µs of CPU: it runs on the event loop,
-        # which saves the two thread wake-ups a hand-off costs. With fsync the storage
-        # thread waits for the disk while the loop goes on parsing the next requests.
-        self.inline = not fsync
 
     # ---- open and recover --------------------------------------------------------------
     def load(self) -> NodeState:
         """Opens the database (creating it) and rebuilds the node state from it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return self._executor.submit(self._open_and_load).result()
+        return self._open_and_load()
 
     def _open_and_load(self) -> NodeState:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -202,7 +193,7 @@ class SqliteStorage(Storage):
         fut = self._next
         if fut is None:
             fut = self._next = asyncio.get_running_loop().create_future()
-        if not self._scheduled and self._in_flight is None:
+        if not self._scheduled:
             # Flush on the next loop iteration: every request parsed in this one joins
             # the same commit (group commit).
             self._scheduled = True
@@ -214,56 +205,32 @@ class SqliteStorage(Storage):
             raise StorageFailed(f"storage failed earlier: {self.failed}")
         if self._pending and self._next is not None:
             return self._next
-        if self._in_flight is not None and not self._in_flight.done():
-            return self._in_flight
+        # Commits run to completion on the loop: nothing else is half-written.
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
 
     def _flush(self) -> None:
-        """Starts one commit of everything pending (at most one commit at a time)."""
+        """Commits everything pending, on the event loop itself, fsync included
+        (docs/design.md §8): requests that arrive meanwhile wait in their sockets and
+        join the next commit, and no thread hand-off is paid for."""
         self._scheduled = False
-        if self._in_flight is not None or not self._pending or self.failed is not None:
+        if not self._pending or self.failed is not None:
             return
         ops, fut = self._pending, self._next
         self._pending, self._next = [], None
         assert fut is not None
-        self._in_flight = fut
-        if self.inline:
-            try:
-                self._write(ops)
-            except Exception as e:
-                self._committed(fut, ops, e)
-            else:
-                self._committed(fut, ops, None)
-            return
-        loop = asyncio.get_running_loop()
-
-        def written(cf: Future[None]) -> None:
-            loop.call_soon_threadsafe(self._committed, fut, ops, cf.exception())
-
-        self._executor.submit(self._write, ops).add_done_callback(written)
-
-    def _committed(
-        self, fut: asyncio.Future[None], ops: list[Op], exc: BaseException | None
-    ) -> None:
-        self._in_flight = None
-        if exc is not None:  # the disk refused: memory and disk now disagree
-            self.failed = f"{type(exc).__name__}: {exc}"
+        try:
+            self._write(ops)
+        except Exception as e:  # the disk refused: memory and disk now disagree
+            self.failed = f"{type(e).__name__}: {e}"
             log.critical("storage commit failed, refusing further writes: %s", self.failed)
-            for f in (fut, self._next):
-                if f is not None and not f.done():
-                    f.set_exception(StorageFailed(self.failed))
-                    f.exception()  # retrieved: nobody may be waiting on it any more
-        else:
-            self.commits += 1
-            self.ops_written += len(ops)
-            if not fut.done():
-                fut.set_result(None)
-            if self._pending:
-                self._flush()
-        if self._in_flight is None and self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
+            fut.set_exception(StorageFailed(self.failed))
+            fut.exception()  # retrieved: a caller may have gone
+            return
+        self.commits += 1
+        self.ops_written += len(ops)
+        fut.set_result(None)
 
     def _write(self, ops: list[Op]) -> None:
         conn = self._conn
@@ -285,17 +252,12 @@ class SqliteStorage(Storage):
             raise
 
     async def close(self) -> None:
-        if self._in_flight is not None or (self._pending and self.failed is None):
-            self._idle = asyncio.get_running_loop().create_future()
-            if self._in_flight is None:
-                self._flush()
-            if self._in_flight is not None:
-                await self._idle
+        if self._pending and self.failed is None:
+            self._flush()
         if self._conn is not None:
             conn = self._conn
             self._conn = None
-            self._executor.submit(conn.close).result()
-        self._executor.shutdown(wait=True)
+            conn.close()
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
