@@ -25,7 +25,10 @@ metrics, where present:
                                              throughput phase: the batched one for depth
                                              and nodes; push + receive+ack together
                                              (a message's whole life) for queues
-    rss_mb, rss_idle_mb                      the largest node's VmRSS, now / fresh
+    rss_mb                                   the largest node's VmRSS (MiB) after the
+                                             prefill (depth), after creating and filling
+                                             the queues (queues), after the workloads (nodes)
+    rss_idle_mb                              the same node's VmRSS when it had just started
 The lead's runner calls `workload_e(ScaleKnobs())`; `python -m zdmq.bench.scale` runs
 it alone.
 """
@@ -55,6 +58,7 @@ __all__ = [
     "ScaleKnobs",
     "depth_rows",
     "main",
+    "memory_summary",
     "node_count_rows",
     "queue_count_rows",
     "rss_mb",
@@ -101,7 +105,7 @@ class ScaleKnobs:
             inflight=2,
             prefill_batch=500,
             queue_msgs=400,
-            queue_resident=(0,),
+            queue_resident=(0, 4),
             queue_inflight=8,
             nodes_b_messages=1_000,
         )
@@ -356,15 +360,15 @@ def queue_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
     """
     rows: list[Row] = []
     for nodes in k.queue_nodes:
-        with _system(nodes, k) as spec:
-            idle = _max_rss(spec)
-            queues: list[str] = []
-            for count in sorted(k.queue_counts):
-                new = [f"scale-q{i:06d}" for i in range(len(queues), count)]
+        for count in sorted(k.queue_counts):
+            # A fresh cluster per count, so that its RSS is that of `count` queues and not
+            # the high-water mark of the phases before.
+            with _system(nodes, k) as spec:
+                idle = _max_rss(spec)
+                queues = [f"scale-q{i:06d}" for i in range(count)]
                 t0 = time.monotonic()
-                _run(_create_queues(spec, new, k.queue_inflight))
-                create_s = time.monotonic() - t0
-                queues += new
+                _run(_create_queues(spec, queues, k.queue_inflight))
+                create_rate = count / max(time.monotonic() - t0, 1e-9)
                 held = 0
                 for resident in sorted(k.queue_resident):
                     if resident > held:
@@ -389,39 +393,14 @@ def queue_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
                             recv_empty=recv["empty"],
                             rss_mb=rss,
                             rss_idle_mb=idle,
-                            create_rate=len(new) / create_s
-                            if new and create_s > 0
-                            else float("nan"),
+                            create_rate=create_rate,
                         )
                     )
                     log(
-                        f"scale: {_queues_label(count, resident)} on {nodes} node(s) done "
-                        f"(RSS {rss:.0f} MB)"
+                        f"scale: {_queues_label(count, resident)} on {nodes} "
+                        f"node{'s' if nodes > 1 else ''} done (RSS {rss:.0f} MB)"
                     )
-                # Empty them again for the next count: the cold rows need empty queues.
-                if held:
-                    _run(_drain_queues(spec, queues, held, k))
     return rows
-
-
-async def _drain_queues(spec: SystemSpec, queues: list[str], each: int, k: ScaleKnobs) -> None:
-    """Takes `each` messages out of every queue (received and acked)."""
-    async with _client(spec) as c:
-        it = iter(queues)
-        deadline = time.monotonic() + 600
-
-        async def worker() -> None:
-            for q in it:
-                left = each
-                while left > 0:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"queue {q}: {left} of {each} messages not found")
-                    got = await c.receive(q, min(left, 100))
-                    if got:
-                        await c.ack(q, [m.receipt for m in got])
-                        left -= len(got)
-
-        await asyncio.gather(*(worker() for _ in range(k.queue_inflight)))
 
 
 # ---- node count ---------------------------------------------------------------------------
@@ -489,11 +468,13 @@ def memory_summary(rows: list[Row]) -> str:
         idle = depth[0]["rss_idle_mb"]
         lines.append(f"memory: idle node {idle:.1f} MB RSS (target <= 60 MB)")
         for r in depth:
+            if not r["depth"]:
+                continue
             added = r["rss_mb"] - idle
-            per = added * 2**20 / r["depth"] if r["depth"] else float("nan")
             lines.append(
                 f"memory: {r['depth']:>9,} messages queued: {r['rss_mb']:.1f} MB RSS, "
-                f"+{added:.1f} MB over idle ({per:.0f} B per message; target: 1M add <= 150 MB)"
+                f"+{added:.1f} MB over idle ({added * 2**20 / r['depth']:.0f} B per message; "
+                "target: 1M add <= 150 MB)"
             )
     for r in rows:
         if r["variant"].endswith(("queue", "queues")) or "held each" in r["variant"]:
