@@ -48,10 +48,13 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
     "e": [
         ("push_rate", "push/s", ",.0f"),
         ("push_p99_ms", "push p99 ms", ".2f"),
+        ("push_cpu_us", "push srv µs", ".0f"),
         ("recv_rate", "recv+ack/s", ",.0f"),
         ("recv_p99_ms", "recv p99 ms", ".2f"),
+        ("recv_cpu_us", "recv srv µs", ".0f"),
         ("rate", "batched msgs/s", ",.0f"),
         ("cpu_us", "srv µs/msg", ".1f"),
+        ("rss_mb", "RSS MB", ".0f"),
     ],
 }
 # Latency-like metrics: smaller is better, so the ratio is peer / zdmq.

@@ -4,6 +4,7 @@
     zdmq bench --nodes 1 4 --durability fsync os --runs 3
     zdmq bench --peers /tmp/zdmq-peers/peers.json   # + every peer loadtest/peers started
     zdmq bench --config cluster.yaml         # a cluster that is already running
+    python -m zdmq.bench.scale               # workload e: depth, queue count, node count (zdmq)
 
 Each run goes through every system and workload in turn; with `--runs 3` the table
 shows medians and the JSON keeps every sample. A peer that is not running is named and
