@@ -114,8 +114,16 @@ def machine() -> dict[str, Any]:
 
 
 def run(
-    systems: list[SystemSpec], workloads: str, knobs: Knobs, runs: int, *, log: Any = print
+    systems: list[SystemSpec],
+    workloads: str,
+    knobs: Knobs,
+    runs: int,
+    *,
+    log: Any = print,
+    after_run: Any = None,
 ) -> list[Row]:
+    """Every system through every workload, `runs` times; medians per row. `after_run`
+    gets the medians so far after each run (a long run keeps what it measured)."""
     all_runs: list[list[Row]] = []
     for i in range(runs):
         rows: list[Row] = []
@@ -130,6 +138,8 @@ def run(
                 rows += got
                 log(f"run {i + 1}/{runs}: {spec.name} ({w}) {time.monotonic() - t0:.1f}s")
         all_runs.append(rows)
+        if after_run is not None:
+            after_run(medians(all_runs))
     return medians(all_runs)
 
 
@@ -202,22 +212,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             systems = [s for s in systems if any(o in s.name for o in args.only)]
         print("bench: systems: " + ", ".join(s.name for s in systems))
-        rows = run(systems, args.workloads, knobs, args.runs)
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        path = args.out / f"bench-{stamp}.json"
+        argv_used = ["zdmq", "bench", *(argv if argv is not None else sys.argv[2:])]
+
+        def save(rows: list[Row]) -> None:
+            doc = {
+                "machine": machine(),
+                "argv": argv_used,
+                "knobs": knobs.__dict__,
+                "systems": [
+                    {"name": s.name, "durability": s.durability, "note": s.note} for s in systems
+                ],
+                "rows": rows,
+                "ratios": ratio_rows(rows),
+            }
+            path.write_text(json.dumps(doc, indent=1, default=str))
+
+        rows = run(systems, args.workloads, knobs, args.runs, after_run=save)
 
     print()
     print(format_tables(rows))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
-    path = args.out / f"bench-{stamp}.json"
-    doc = {
-        "machine": machine(),
-        "argv": ["zdmq", "bench", *(argv if argv is not None else sys.argv[2:])],
-        "knobs": knobs.__dict__,
-        "systems": [{"name": s.name, "durability": s.durability, "note": s.note} for s in systems],
-        "rows": rows,
-        "ratios": ratio_rows(rows),
-    }
-    path.write_text(json.dumps(doc, indent=1, default=str))
     print(f"\nbench: wrote {path}")
     return 0
 
