@@ -343,7 +343,8 @@ class Consumer:
         self, tasks: list[asyncio.Task[Any]], workers: list[asyncio.Task[None]]
     ) -> None:
         self.stop()
-        tasks[0].cancel()  # the receive loop: a lease it was granted mid-call expires later
+        # The receive loop: the node releases what a receive cut off by this leased.
+        tasks[0].cancel()
         await self._release_unstarted()
         if workers:
             pending = [w for w in workers if not w.done()]
