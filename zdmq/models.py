@@ -240,8 +240,13 @@ def group_receipts(
     return by_owner, invalid
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def validate_message_id(value: str) -> str:
     """Message ids are canonical (lower-case, hyphenated) UUID strings."""
+    if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
+        return value  # the hot path: one regex instead of a UUID round trip
     try:
         canonical = str(uuid.UUID(value))
     except (ValueError, TypeError, AttributeError):
