@@ -38,7 +38,8 @@ _HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 class Headers(Mapping[str, str]):
-    """A reply's headers, looked up without regard to case (the last of repeats wins)."""
+    """HTTP headers (a reply's here, a request's in the node's server), looked up without
+    regard to case; the last of repeats wins."""
 
     __slots__ = ("_d",)
 

@@ -24,13 +24,14 @@ import email.utils
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 import orjson
 
+from zdmq._http import Headers
 from zdmq.errors import (
     BadRequest,
     InternalError,
@@ -48,30 +49,6 @@ log = logging.getLogger("zdmq.http")
 _MAX_HEAD = 64 * 1024
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-class CIHeaders(Mapping[str, str]):
-    """Request headers, looked up without regard to case (the last of repeats wins)."""
-
-    __slots__ = ("_d",)
-
-    def __init__(self, d: dict[str, str]) -> None:
-        self._d = d
-
-    def __getitem__(self, name: str) -> str:
-        return self._d[name.lower()]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._d
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self._d.get(name.lower(), default)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
-
-    def __len__(self) -> int:
-        return len(self._d)
 
 
 class Request:
@@ -93,7 +70,7 @@ class Request:
         method: str,
         path: str,
         query_string: str,
-        headers: CIHeaders,
+        headers: Headers,
         body: bytes,
         transport: asyncio.Transport,
     ) -> None:
@@ -357,7 +334,7 @@ class _HttpProtocol(asyncio.Protocol):
             raise _Refuse(BadRequest(f"bad request target {target[:100]!r}"))
         assert self.transport is not None
         # Routes match the path as sent: "%2F" in a queue name stays inside its segment.
-        req = Request(self.app, method, path, query, CIHeaders(headers), body, self.transport)
+        req = Request(self.app, method, path, query, Headers(headers), body, self.transport)
         return req, keep, version
 
     # ---- replies
