@@ -50,6 +50,19 @@ class NodeHttp:
         return await self.request("DELETE", path, **kw)
 
 
+async def expect_error(resp: aiohttp.ClientResponse, status: int, code: str) -> str:
+    """Asserts an error reply of exactly the documented shape; returns its message."""
+    assert resp.status == status, await resp.text()
+    assert resp.content_type == "application/json"
+    payload = await resp.json()
+    assert list(payload) == ["error"]
+    assert sorted(payload["error"]) == ["code", "message"]
+    assert payload["error"]["code"] == code
+    message = payload["error"]["message"]
+    assert isinstance(message, str) and message
+    return message
+
+
 Serve = Callable[[ClusterConfig], AbstractAsyncContextManager[NodeHttp]]
 
 

@@ -13,27 +13,13 @@ from typing import Any
 
 import orjson
 import pytest
-from aiohttp import ClientResponse
 
 from tests.helpers import wait_until
-from tests.node.conftest import NodeHttp
+from tests.node.conftest import NodeHttp, expect_error
 from zdmq.config import ClusterConfig
 
 Http = NodeHttp
 MiB = 1024 * 1024
-
-
-async def _error(resp: ClientResponse, status: int, code: str) -> str:
-    """Asserts an error reply of exactly the documented shape; returns its message."""
-    assert resp.status == status, await resp.text()
-    assert resp.content_type == "application/json"
-    payload = await resp.json()
-    assert list(payload) == ["error"]
-    assert sorted(payload["error"]) == ["code", "message"]
-    assert payload["error"]["code"] == code
-    message = payload["error"]["message"]
-    assert isinstance(message, str) and message
-    return message
 
 
 async def _create(http: Http, queue: str, settings: dict[str, Any] | None = None) -> None:
@@ -93,9 +79,11 @@ async def test_put_queue_with_a_bad_setting_returns_400_naming_the_field_and_cre
     http: Http, settings: dict[str, Any], field: str
 ) -> None:
     await _create(http, "dlq")
-    message = await _error(await http.put("/v1/queues/jobs", json=settings), 400, "bad_request")
+    message = await expect_error(
+        await http.put("/v1/queues/jobs", json=settings), 400, "bad_request"
+    )
     assert field in message
-    await _error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
+    await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
 @pytest.mark.parametrize("body", [b"[]", b'"fast"', b"5", b"true", b"{not json"])
@@ -105,23 +93,23 @@ async def test_put_queue_with_a_body_that_is_not_a_json_object_returns_400(
     resp = await http.put(
         "/v1/queues/jobs", data=body, headers={"Content-Type": "application/json"}
     )
-    await _error(resp, 400, "bad_request")
-    await _error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
+    await expect_error(resp, 400, "bad_request")
+    await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
 async def test_put_queue_with_a_dead_letter_queue_that_does_not_exist_returns_400(
     http: Http,
 ) -> None:
     resp = await http.put("/v1/queues/jobs", json={"dead_letter_queue": "missing-dlq"})
-    message = await _error(resp, 400, "bad_request")
+    message = await expect_error(resp, 400, "bad_request")
     assert "dead_letter_queue" in message and "missing-dlq" in message
-    await _error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
+    await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
 async def test_put_queue_naming_itself_as_its_dead_letter_queue_returns_400(http: Http) -> None:
     resp = await http.put("/v1/queues/jobs", json={"dead_letter_queue": "jobs"})
-    assert "dead_letter_queue" in await _error(resp, 400, "bad_request")
-    await _error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
+    assert "dead_letter_queue" in await expect_error(resp, 400, "bad_request")
+    await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
 async def test_put_queue_with_every_setting_reports_them_back(http: Http) -> None:
@@ -163,7 +151,7 @@ async def test_receive_with_a_parameter_out_of_range_returns_400_naming_it(
     await _create(http, "jobs")
     await _push(http, "jobs", b"untouched")
     resp = await http.post("/v1/queues/jobs/receive", params={param: value})
-    assert param in await _error(resp, 400, "bad_request")
+    assert param in await expect_error(resp, 400, "bad_request")
     stats = await _stats(http, "jobs")
     assert (stats["messages"], stats["in_flight"]) == (1, 0)
 
@@ -184,7 +172,7 @@ async def test_receive_on_a_missing_queue_returns_404_queue_not_found(
     http: Http, params: dict[str, str]
 ) -> None:
     resp = await http.post("/v1/queues/nope/receive", params=params)
-    assert "nope" in await _error(resp, 404, "queue_not_found")
+    assert "nope" in await expect_error(resp, 404, "queue_not_found")
 
 
 # ---- ack, nack, extend bodies ---------------------------------------------------------------
@@ -221,7 +209,7 @@ async def test_settle_calls_without_a_non_empty_list_of_receipts_return_400(
     if isinstance(payload, dict):
         payload = {**EXTRA[action], **payload}
     resp = await http.post(f"/v1/queues/jobs/{action}", json=payload)
-    assert "receipts" in await _error(resp, 400, "bad_request")
+    assert "receipts" in await expect_error(resp, 400, "bad_request")
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -232,7 +220,7 @@ async def test_settle_calls_with_a_body_that_is_not_json_return_400(
     resp = await http.post(
         f"/v1/queues/jobs/{action}", data=b"{receipts", headers={"Content-Type": "application/json"}
     )
-    await _error(resp, 400, "bad_request")
+    await expect_error(resp, 400, "bad_request")
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -247,7 +235,7 @@ async def test_settle_calls_over_the_batch_limit_return_400_batch_too_large(
     resp = await http.post(
         f"/v1/queues/jobs/{action}", json={"receipts": receipts, **EXTRA[action]}
     )
-    assert str(limit) in await _error(resp, 400, "batch_too_large")
+    assert str(limit) in await expect_error(resp, 400, "batch_too_large")
     # The one real receipt in the refused call was not settled.
     stats = await _stats(http, "jobs")
     assert (stats["messages"], stats["in_flight"]) == (1, 1)
@@ -257,7 +245,7 @@ async def test_settle_calls_over_the_batch_limit_return_400_batch_too_large(
 async def test_extend_without_visibility_s_returns_400_naming_it(http: Http) -> None:
     await _create(http, "jobs")
     resp = await http.post("/v1/queues/jobs/extend", json={"receipts": [_fake_receipt()]})
-    assert "visibility_s" in await _error(resp, 400, "bad_request")
+    assert "visibility_s" in await expect_error(resp, 400, "bad_request")
 
 
 @pytest.mark.parametrize(
@@ -282,7 +270,7 @@ async def test_settle_calls_with_a_bad_number_return_400_naming_it_and_settle_no
     resp = await http.post(
         f"/v1/queues/jobs/{action}", json={"receipts": [m["receipt"]], field: value}
     )
-    assert field in await _error(resp, 400, "bad_request")
+    assert field in await expect_error(resp, 400, "bad_request")
     assert (await _stats(http, "jobs"))["in_flight"] == 1
     resp = await http.post("/v1/queues/jobs/ack", json={"receipts": [m["receipt"]]})
     assert await resp.json() == {"acked": 1, "failed": []}  # the lease was untouched
@@ -335,7 +323,7 @@ async def test_a_push_with_both_an_id_and_a_dedup_id_returns_400_and_stores_noth
         data=b"ambiguous",
         headers={"zdmq-id": str(uuid.uuid4()), "zdmq-dedup-id": "order-1"},
     )
-    message = await _error(resp, 400, "bad_request")
+    message = await expect_error(resp, 400, "bad_request")
     assert "zdmq-id" in message and "zdmq-dedup-id" in message
     assert (await _stats(http, "jobs"))["messages"] == 0
 
@@ -349,10 +337,10 @@ async def test_a_message_over_the_queues_max_message_bytes_returns_413_and_store
     await _create(http, "big")
 
     resp = await http.post("/v1/queues/small/messages", data=b"x" * (limit + 1))
-    assert str(limit) in await _error(resp, 413, "message_too_large")
+    assert str(limit) in await expect_error(resp, 413, "message_too_large")
     batch = {"messages": [{"body": "fits"}, {"body": "y" * (limit + 1)}]}
     resp = await http.post("/v1/queues/small/batch", data=orjson.dumps(batch))
-    await _error(resp, 413, "message_too_large")
+    await expect_error(resp, 413, "message_too_large")
     assert (await _stats(http, "small"))["messages"] == 0
 
     # At the limit it fits; the queue's limit is not the cluster's.

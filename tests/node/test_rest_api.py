@@ -12,28 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import ClientResponse
 from yarl import URL
 
-from tests.node.conftest import NodeHttp
+from tests.node.conftest import NodeHttp, expect_error
 from zdmq.config import ClusterConfig
 from zdmq.models import QueueSettings
 
 Http = NodeHttp
 MiB = 1024 * 1024
-
-
-async def _error(resp: ClientResponse, status: int, code: str) -> str:
-    """Asserts an error reply of exactly the documented shape; returns its message."""
-    assert resp.status == status, await resp.text()
-    assert resp.content_type == "application/json"
-    payload = await resp.json()
-    assert list(payload) == ["error"]
-    assert sorted(payload["error"]) == ["code", "message"]
-    assert payload["error"]["code"] == code
-    message = payload["error"]["message"]
-    assert isinstance(message, str) and message
-    return message
 
 
 async def _create(http: Http, queue: str) -> None:
@@ -108,14 +94,16 @@ async def test_put_queue_with_settings_returns_them_and_get_reports_them(http: H
 async def test_put_queue_with_bad_settings_returns_400_naming_the_field_and_creates_nothing(
     http: Http, settings: dict[str, Any], field: str
 ) -> None:
-    message = await _error(await http.put("/v1/queues/jobs", json=settings), 400, "bad_request")
+    message = await expect_error(
+        await http.put("/v1/queues/jobs", json=settings), 400, "bad_request"
+    )
     assert field in message
-    await _error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
+    await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
 async def test_put_of_an_existing_queue_returns_409_queue_exists(http: Http) -> None:
     await _create(http, "jobs")
-    message = await _error(await http.put("/v1/queues/jobs"), 409, "queue_exists")
+    message = await expect_error(await http.put("/v1/queues/jobs"), 409, "queue_exists")
     assert "jobs" in message
 
 
@@ -153,7 +141,7 @@ async def test_get_queue_reports_its_message_count_and_nodes(http: Http) -> None
 
 
 async def test_get_of_a_missing_queue_returns_404_queue_not_found(http: Http) -> None:
-    message = await _error(await http.get("/v1/queues/nope"), 404, "queue_not_found")
+    message = await expect_error(await http.get("/v1/queues/nope"), 404, "queue_not_found")
     assert "nope" in message
 
 
@@ -165,7 +153,7 @@ async def test_queue_metadata_lists_the_nodes_holding_messages(http: Http) -> No
     await _push(http, "jobs", b"b")
     body = await (await http.get("/v1/queues/jobs/metadata")).json()
     assert body["nodes"] == [{"node": "n1", "first_uuid": first}]
-    await _error(await http.get("/v1/queues/nope/metadata"), 404, "queue_not_found")
+    await expect_error(await http.get("/v1/queues/nope/metadata"), 404, "queue_not_found")
 
 
 async def test_delete_queue_returns_204_and_drops_it_with_its_messages(http: Http) -> None:
@@ -174,7 +162,7 @@ async def test_delete_queue_returns_204_and_drops_it_with_its_messages(http: Htt
     resp = await http.delete("/v1/queues/jobs")
     assert resp.status == 204
     assert await resp.read() == b""
-    await _error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
+    await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
     assert await (await http.get("/v1/queues")).json() == {"queues": []}
     # A queue created again under the same name starts empty.
     await _create(http, "jobs")
@@ -182,7 +170,7 @@ async def test_delete_queue_returns_204_and_drops_it_with_its_messages(http: Htt
 
 
 async def test_delete_of_a_missing_queue_returns_404(http: Http) -> None:
-    await _error(await http.delete("/v1/queues/nope"), 404, "queue_not_found")
+    await expect_error(await http.delete("/v1/queues/nope"), 404, "queue_not_found")
 
 
 # ---- push ------------------------------------------------------------------------------
@@ -250,7 +238,7 @@ async def test_a_body_pushed_without_a_content_type_pops_as_octet_stream(http: H
 async def test_push_with_a_malformed_id_returns_400_invalid_message(http: Http) -> None:
     await _create(http, "jobs")
     resp = await http.post("/v1/queues/jobs/messages", data=b"x", headers={"zdmq-id": "nope"})
-    await _error(resp, 400, "invalid_message")
+    await expect_error(resp, 400, "invalid_message")
 
 
 async def test_push_batch_returns_201_with_one_id_per_message_in_order(http: Http) -> None:
@@ -312,7 +300,7 @@ async def test_a_malformed_batch_returns_400_and_stores_nothing(
     resp = await http.post(
         "/v1/queues/jobs/batch", data=data, headers={"Content-Type": "application/json"}
     )
-    await _error(resp, 400, code)
+    await expect_error(resp, 400, code)
     assert await _pop_many(http, "jobs", 10) == []
 
 
@@ -320,7 +308,7 @@ async def test_a_batch_with_one_bad_message_names_its_index(http: Http) -> None:
     await _create(http, "jobs")
     messages = [{"body": "ok"}, {"body": "ok"}, {"body": "%%%", "encoding": "base64"}]
     resp = await http.post("/v1/queues/jobs/batch", json={"messages": messages})
-    message = await _error(resp, 400, "invalid_message")
+    message = await expect_error(resp, 400, "invalid_message")
     assert message.startswith("messages[2]: ")
     assert await _pop_many(http, "jobs", 10) == []
 
@@ -333,7 +321,7 @@ async def test_a_batch_over_the_message_limit_returns_400_batch_too_large(
     resp = await http.post(
         "/v1/queues/jobs/batch", json={"messages": [{"body": "x"}] * (limit + 1)}
     )
-    await _error(resp, 400, "batch_too_large")
+    await expect_error(resp, 400, "batch_too_large")
     resp = await http.post("/v1/queues/jobs/batch", json={"messages": [{"body": "x"}] * limit})
     assert resp.status == 201
     assert len((await resp.json())["ids"]) == limit
@@ -386,7 +374,7 @@ async def test_pop_with_a_bad_max_returns_400(http: Http, value: str) -> None:
     await _create(http, "jobs")
     await _push(http, "jobs", b"keep me")
     resp = await http.post("/v1/queues/jobs/pop", params={"max": value})
-    message = await _error(resp, 400, "bad_request")
+    message = await expect_error(resp, 400, "bad_request")
     assert message.startswith("max: ")
     # Nothing was popped by the refused call.
     assert len(await _pop_many(http, "jobs", 10)) == 1
@@ -438,7 +426,7 @@ async def test_bodies_up_to_the_limit_come_back_byte_identical(http: Http, size:
 async def test_a_body_one_byte_over_the_limit_returns_413(http: Http) -> None:
     await _create(http, "jobs")
     resp = await http.post("/v1/queues/jobs/messages", data=b"x" * (MiB + 1))
-    message = await _error(resp, 413, "message_too_large")
+    message = await expect_error(resp, 413, "message_too_large")
     assert str(MiB) in message
     assert (await http.post("/v1/queues/jobs/pop")).status == 204
 
@@ -455,7 +443,7 @@ async def test_a_chunked_body_over_the_limit_returns_413(http: Http, size: int) 
 
     await _create(http, "jobs")
     resp = await http.post("/v1/queues/jobs/messages", data=chunks())
-    await _error(resp, 413, "message_too_large")
+    await expect_error(resp, 413, "message_too_large")
     assert (await http.post("/v1/queues/jobs/pop")).status == 204
 
 
@@ -472,7 +460,7 @@ async def test_a_batch_message_at_the_limit_is_stored_and_one_byte_over_returns_
     resp = await http.post(
         "/v1/queues/jobs/batch", json={"messages": [{"body": over, "encoding": "base64"}]}
     )
-    await _error(resp, 413, "message_too_large")
+    await expect_error(resp, 413, "message_too_large")
     [m] = await _pop_many(http, "jobs", 10)
     assert base64.b64decode(m["body"]) == b"\xff" * MiB
 
@@ -502,13 +490,13 @@ async def test_an_invalid_queue_name_returns_400_invalid_queue_name(
 ) -> None:
     kw: dict[str, Any] = {"json": {"messages": [{"body": "x"}]}} if suffix == "/batch" else {}
     resp = await http.request(method, f"/v1/queues/{name}{suffix}", **kw)
-    await _error(resp, 400, "invalid_queue_name")
+    await expect_error(resp, 400, "invalid_queue_name")
 
 
 async def test_an_encoded_slash_in_a_queue_name_returns_400(http: Http) -> None:
     for method in ("PUT", "GET", "DELETE"):
         resp = await http.request(method, URL("/v1/queues/a%2Fb", encoded=True))
-        await _error(resp, 400, "invalid_queue_name")
+        await expect_error(resp, 400, "invalid_queue_name")
 
 
 async def test_a_name_of_128_characters_is_accepted(http: Http) -> None:
@@ -534,7 +522,7 @@ async def test_push_and_pop_on_a_never_created_queue_return_404(
 ) -> None:
     kw: dict[str, Any] = {"json": payload} if payload is not None else {"data": b"x"}
     resp = await http.request(method, f"/v1/queues/nope{suffix}", **kw)
-    await _error(resp, 404, "queue_not_found")
+    await expect_error(resp, 404, "queue_not_found")
 
 
 @pytest.mark.parametrize(
@@ -548,7 +536,7 @@ async def test_push_and_pop_on_a_deleted_queue_return_404(
     assert (await http.delete("/v1/queues/jobs")).status == 204
     kw: dict[str, Any] = {"json": payload} if payload is not None else {"data": b"x"}
     resp = await http.request(method, f"/v1/queues/jobs{suffix}", **kw)
-    await _error(resp, 404, "queue_not_found")
+    await expect_error(resp, 404, "queue_not_found")
 
 
 @pytest.mark.parametrize(
@@ -564,7 +552,7 @@ async def test_push_and_pop_on_a_deleted_queue_return_404(
 async def test_an_unknown_route_returns_404_not_found_as_json(
     http: Http, method: str, path: str
 ) -> None:
-    await _error(await http.request(method, path), 404, "not_found")
+    await expect_error(await http.request(method, path), 404, "not_found")
 
 
 @pytest.mark.parametrize(
@@ -581,4 +569,4 @@ async def test_an_unknown_route_returns_404_not_found_as_json(
 async def test_a_wrong_method_returns_405_method_not_allowed_as_json(
     http: Http, method: str, path: str
 ) -> None:
-    await _error(await http.request(method, path), 405, "method_not_allowed")
+    await expect_error(await http.request(method, path), 405, "method_not_allowed")
