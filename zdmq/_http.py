@@ -28,7 +28,17 @@ import orjson
 
 from zdmq.errors import NodeUnavailable, from_wire
 
-__all__ = ["JSON_HEADERS", "Headers", "HttpPool", "Reply", "call", "dumps", "loads"]
+__all__ = [
+    "JSON_HEADERS",
+    "ChunkError",
+    "Dechunker",
+    "Headers",
+    "HttpPool",
+    "Reply",
+    "call",
+    "dumps",
+    "loads",
+]
 
 dumps = orjson.dumps
 loads = orjson.loads
@@ -89,6 +99,7 @@ class _Conn(asyncio.Protocol):
         self._waiter: asyncio.Future[Reply] | None = None
         self._head: tuple[int, Headers, bool] | None = None  # status, headers, keep-alive
         self._want = -1  # body bytes still expected; -1: until close; -2: chunked
+        self._chunks: Dechunker | None = None
         self._head_request = False
         self.keep_alive = True
 
@@ -137,6 +148,7 @@ class _Conn(asyncio.Protocol):
         assert self.transport is not None
         self._waiter = asyncio.get_running_loop().create_future()
         self._head = None
+        self._chunks = None
         self._head_request = head_request
         self.transport.write(data)
         return self._waiter
@@ -188,9 +200,15 @@ class _Conn(asyncio.Protocol):
             body = bytes(buf[: self._want])
             del buf[: self._want]
         elif self._want == -2:
-            parsed = _dechunk(buf)
+            if self._chunks is None:
+                self._chunks = Dechunker(None)
+            try:
+                parsed = self._chunks.feed(buf)
+            except ChunkError as e:
+                raise _ProtocolError(str(e)) from None
             if parsed is None:
                 return None
+            self._chunks = None
             body = parsed
         else:
             return None  # until the connection ends
@@ -198,30 +216,82 @@ class _Conn(asyncio.Protocol):
         return Reply(status, hdrs, body)
 
 
-def _dechunk(buf: bytearray) -> bytes | None:
-    """A whole chunked body (and its trailers) from the front of `buf`, or None if it
-    has not all arrived; consumes it from `buf` when complete."""
-    out = bytearray()
-    pos = 0
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            return None
-        size_text = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
-        if not size_text or len(size_text) > 8 or not _HEX.issuperset(size_text):
-            raise _ProtocolError("bad chunk size")
-        size = int(size_text, 16)
-        pos = eol + 2
-        if size == 0:
-            end = buf.find(b"\r\n\r\n", pos - 2)
-            if end < 0:
+class ChunkError(ValueError):
+    """A malformed or oversized chunked body; `status` is the HTTP status a server
+    answers it with (400, 413 or 431)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Dechunker:
+    """Decodes a chunked body (request or reply) as it arrives, consuming `buf` as it
+    goes, so a body in many small reads is parsed once, not from the start at every
+    read. Sizes are hex digits only; size lines, extensions and trailers are bounded;
+    `limit` (None: none) bounds the decoded body."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.out = bytearray()
+        self.left = 0  # bytes of the current chunk still to come
+        self.crlf = False  # the CRLF after a chunk's data is due
+        self.trailers = False
+        self.trailer_bytes = 0
+
+    def feed(self, buf: bytearray) -> bytes | None:
+        """The whole body once its last chunk and trailers are in, else None."""
+        while True:
+            if self.trailers:
+                eol = buf.find(b"\r\n")
+                if eol < 0:
+                    self._bound_line(buf)
+                    return None
+                self.trailer_bytes += eol + 2
+                if self.trailer_bytes > _MAX_HEAD:
+                    raise ChunkError("chunked trailers too large", 431)
+                del buf[: eol + 2]
+                if eol == 0:
+                    return bytes(self.out)
+                continue
+            if self.left:
+                take = min(self.left, len(buf))
+                if not take:
+                    return None
+                self.out += buf[:take]
+                del buf[:take]
+                self.left -= take
+                if self.left:
+                    return None
+                self.crlf = True
+            if self.crlf:
+                if len(buf) < 2:
+                    return None
+                if buf[:2] != b"\r\n":
+                    raise ChunkError("chunk data not followed by CRLF")
+                del buf[:2]
+                self.crlf = False
+                continue
+            eol = buf.find(b"\r\n")
+            if eol < 0:
+                self._bound_line(buf)
                 return None
-            del buf[: end + 4]
-            return bytes(out)
-        if len(buf) < pos + size + 2:
-            return None
-        out += buf[pos : pos + size]
-        pos += size + 2
+            size_text = bytes(buf[:eol]).split(b";", 1)[0].strip()
+            if eol > 1024 or not size_text or not _HEX.issuperset(size_text) or len(size_text) > 8:
+                raise ChunkError("bad chunk size line")
+            size = int(size_text, 16)
+            del buf[: eol + 2]
+            if size == 0:
+                self.trailers = True
+                continue
+            if self.limit is not None and len(self.out) + size > self.limit:
+                raise ChunkError(f"request body is over the {self.limit}-byte limit", 413)
+            self.left = size
+
+    @staticmethod
+    def _bound_line(buf: bytearray) -> None:
+        if len(buf) > 1024:
+            raise ChunkError("chunk size or trailer line too long")
 
 
 class _Host:

@@ -31,7 +31,7 @@ from urllib.parse import parse_qsl, unquote
 
 import orjson
 
-from zdmq._http import Headers
+from zdmq._http import ChunkError, Dechunker, Headers
 from zdmq.errors import (
     BadRequest,
     InternalError,
@@ -220,7 +220,7 @@ class _HttpProtocol(asyncio.Protocol):
         # The request being read: (method, target, version, headers, keep_alive).
         self.head: tuple[str, str, str, dict[str, str], bool] | None = None
         self.want = 0  # body bytes expected (Content-Length), or -2: chunked
-        self.chunks: _Dechunker | None = None
+        self.chunks: Dechunker | None = None
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -322,8 +322,12 @@ class _HttpProtocol(asyncio.Protocol):
             del buf[: self.want]
         else:
             if self.chunks is None:
-                self.chunks = _Dechunker(self.app.max_body)
-            got = self.chunks.feed(buf)
+                self.chunks = Dechunker(self.app.max_body)
+            try:
+                got = self.chunks.feed(buf)
+            except ChunkError as e:
+                err = MessageTooLarge(str(e)) if e.status == 413 else BadRequest(str(e))
+                raise _Refuse(err, e.status) from None
             if got is None:
                 return None
             self.chunks = None
@@ -410,78 +414,6 @@ class _Refuse(Exception):
     def __init__(self, err: ZdmqError, status: int | None = None) -> None:
         self.err = err
         self.status = status
-
-
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-
-
-class _Dechunker:
-    """Decodes a chunked request body as it arrives, consuming `buf` as it goes (so a
-    body in many small reads is parsed once, not from the start at every read).
-    Chunk-size lines, extensions and trailers are bounded; sizes are hex digits only."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.out = bytearray()
-        self.left = 0  # bytes of the current chunk still to come
-        self.crlf = False  # the CRLF after a chunk's data is due
-        self.trailers = False
-        self.trailer_bytes = 0
-
-    def feed(self, buf: bytearray) -> bytes | None:
-        while True:
-            if self.trailers:
-                eol = buf.find(b"\r\n")
-                if eol < 0:
-                    self._bound_line(buf)
-                    return None
-                self.trailer_bytes += eol + 2
-                if self.trailer_bytes > _MAX_HEAD:
-                    raise _Refuse(BadRequest("chunked trailers too large"), 431)
-                del buf[: eol + 2]
-                if eol == 0:
-                    return bytes(self.out)
-                continue
-            if self.left:
-                take = min(self.left, len(buf))
-                if not take:
-                    return None
-                self.out += buf[:take]
-                del buf[:take]
-                self.left -= take
-                if self.left:
-                    return None
-                self.crlf = True
-            if self.crlf:
-                if len(buf) < 2:
-                    return None
-                if buf[:2] != b"\r\n":
-                    raise _Refuse(BadRequest("chunk data not followed by CRLF"))
-                del buf[:2]
-                self.crlf = False
-                continue
-            eol = buf.find(b"\r\n")
-            if eol < 0:
-                self._bound_line(buf)
-                return None
-            size_text = bytes(buf[:eol]).split(b";", 1)[0].strip()
-            if eol > 1024 or not size_text or not _HEX.issuperset(size_text) or len(size_text) > 8:
-                raise _Refuse(BadRequest("bad chunk size line"))
-            size = int(size_text, 16)
-            del buf[: eol + 2]
-            if size == 0:
-                self.trailers = True
-                continue
-            if len(self.out) + size > self.limit:
-                raise _Refuse(
-                    MessageTooLarge(f"request body is over the {self.limit}-byte limit"), 413
-                )
-            self.left = size
-
-    @staticmethod
-    def _bound_line(buf: bytearray) -> None:
-        if len(buf) > 1024:
-            raise _Refuse(BadRequest("chunk size or trailer line too long"))
 
 
 class _Server:
