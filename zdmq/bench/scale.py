@@ -43,15 +43,22 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from zdmq.bench.driver import SystemSpec
 from zdmq.bench.report import format_tables
 from zdmq.bench.suite import Knobs, Row, workload_a, workload_b
-from zdmq.bench.workloads import cpu_seconds, make_body, percentile, reset_queue, run_phase
+from zdmq.bench.workloads import (
+    cpu_seconds,
+    make_body,
+    percentile,
+    reset_queue,
+    run_phase,
+    run_uvloop,
+)
 from zdmq.client import Client
 
 __all__ = [
@@ -64,8 +71,6 @@ __all__ = [
     "rss_mb",
     "workload_e",
 ]
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -151,15 +156,6 @@ def _count_label(n: int) -> str:
     return str(n)
 
 
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """Runs a coroutine here, in the coordinator, on uvloop like the client processes."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
 @contextlib.contextmanager
 def _system(nodes: int, k: ScaleKnobs) -> Iterator[SystemSpec]:
     """A fresh local cluster of `nodes` nodes, as the spec of one system."""
@@ -218,7 +214,7 @@ def depth_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
                 t0 = time.monotonic()
                 prefill_rate = _prefill(spec, queue, target - depth, k)
                 log(f"scale: prefilled to {target:,} in {time.monotonic() - t0:.1f}s")
-            depth = _run(_depth_of(spec, queue))
+            depth = run_uvloop(_depth_of(spec, queue))
             rss = _max_rss(spec)
             push = run_phase(spec, queue, [("push_seq", 1, {"n": k.seq_n, "size": k.size})])
             recv = run_phase(spec, queue, [("recv_ack_seq", 1, {"n": k.seq_n, "timeout_s": 300})])
@@ -247,7 +243,7 @@ def depth_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
             if cons["msgs"] < k.batched_n:
                 raise RuntimeError(f"depth {target}: consumed {cons['msgs']} of {k.batched_n}")
             # The batched consumer may take up to inflight * batch more than it pushed.
-            depth_after = _run(_depth_of(spec, queue))
+            depth_after = run_uvloop(_depth_of(spec, queue))
             rows.append(
                 _row(
                     spec,
@@ -367,17 +363,17 @@ def queue_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
                 idle = _max_rss(spec)
                 queues = [f"scale-q{i:06d}" for i in range(count)]
                 t0 = time.monotonic()
-                _run(_create_queues(spec, queues, k.queue_inflight))
+                run_uvloop(_create_queues(spec, queues, k.queue_inflight))
                 create_rate = count / max(time.monotonic() - t0, 1e-9)
                 held = 0
                 for resident in sorted(k.queue_resident):
                     if resident > held:
-                        _run(_fill_queues(spec, queues, resident - held, k))
+                        run_uvloop(_fill_queues(spec, queues, resident - held, k))
                         held = resident
                     rss = _max_rss(spec)
                     n = k.queue_msgs
-                    push = _run(_spread(spec, queues, n, k, "push"))
-                    recv = _run(_spread(spec, queues, n, k, "recv"))
+                    push = run_uvloop(_spread(spec, queues, n, k, "push"))
+                    recv = run_uvloop(_spread(spec, queues, n, k, "recv"))
                     rows.append(
                         _row(
                             spec,

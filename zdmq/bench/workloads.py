@@ -25,10 +25,10 @@ import os
 import statistics
 import struct
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event as MpEvent
-from typing import Any
+from typing import Any, TypeVar
 
 from zdmq.bench.driver import Driver, SystemSpec, open_driver
 
@@ -39,10 +39,12 @@ __all__ = [
     "percentile",
     "reset_queue",
     "run_phase",
+    "run_uvloop",
     "sent_at",
 ]
 
 _HEAD = struct.Struct("<qII")  # send time (ns), client number, counter
+T = TypeVar("T")
 _CTX = mp.get_context("spawn")
 _CLK = os.sysconf("SC_CLK_TCK")
 
@@ -238,16 +240,17 @@ def _client_main(
             with contextlib.suppress(Exception):
                 await d.close()
 
-    _run_loop(main())
+    run_uvloop(main())
 
 
-def _run_loop(coro: Any) -> None:
+def run_uvloop(coro: Coroutine[Any, Any, T]) -> T:
+    """Runs a coroutine on uvloop (asyncio's loop where uvloop is missing), as every
+    benchmark client and coordinator does."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 # ---- the coordinator --------------------------------------------------------------------------
@@ -353,4 +356,4 @@ def _run_loop_reset(spec: SystemSpec, queue: str) -> None:
         finally:
             await d.close()
 
-    _run_loop(main())
+    run_uvloop(main())

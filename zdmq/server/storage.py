@@ -1,9 +1,10 @@
 """Durable storage of a node's operations in SQLite (WAL), with group commit.
 
 The only module that opens files. The event loop hands operations to `submit`, which
-returns a future that resolves once they are committed; every operation submitted
-while a commit is in progress joins the next one, so concurrent requests share one
-transaction and one fsync. A reply goes out only after its future resolves.
+returns a future that resolves once they are committed. The commit runs on the loop at
+its next iteration, so every operation submitted in the same iteration (and every
+request that arrived while the last commit's fsync ran) shares one transaction and one
+fsync. A reply goes out only after its future resolves.
 
     durability: fsync   synchronous=FULL: the WAL is fsynced at every commit
     durability: os      synchronous=OFF: written to the OS at every commit, not flushed
