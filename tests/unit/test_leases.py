@@ -13,6 +13,7 @@ from zdmq.server.state import (
     Extend,
     ForgetDedup,
     Lease,
+    MessageView,
     NodeState,
     Op,
     Purge,
@@ -20,6 +21,8 @@ from zdmq.server.state import (
     Remove,
     Requeue,
 )
+
+from .views import all_ids, where
 
 T0 = 1000.0  # when the messages of a test are pushed and first leased
 VIS = 30.0  # the visibility timeout the tests lease with
@@ -55,27 +58,26 @@ def _lease(
 ) -> list[tuple[str, str]]:
     """(id, token) of each message the planner leased."""
     got, _ = state.lease(queue, limit, now=now, visibility_s=visibility_s, new_token=tokens)
-    return [(mid, token) for mid, _, token in got]
+    return [(t.id, t.token) for t in got]
 
 
-def _where(state: NodeState, queue: str = "jobs") -> tuple[list[str], set[str], set[str]]:
-    """(ready ids in order, leased ids, delayed ids) of a queue on this node."""
-    lq = state.queues.get(queue)
-    if lq is None:
-        return [], set(), set()
-    return list(lq.ids), set(lq.leased), set(lq.delayed)
+def _find(state: NodeState, mid: str) -> MessageView:
+    m = state.find(mid)
+    assert m is not None, f"{mid} is not stored"
+    return m
 
 
 # ---- lease -----------------------------------------------------------------------------
 def test_a_lease_makes_the_message_invisible_and_counts_the_delivery() -> None:
     state, tokens = _state(), _Tokens()
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     got, ops = state.lease("jobs", 1, now=T0, visibility_s=VIS, new_token=tokens)
-    [(mid, m, token)] = got
-    assert (mid, token) == ("a", "t1")
+    [taken] = got
+    assert (taken.id, taken.token, taken.body, taken.receive_count) == ("a", "t1", b"a", 1)
     assert ops == [Lease("jobs", "a", seq_a, "t1", T0 + VIS, 1)]
+    m = _find(state, "a")
     assert (m.lease, m.lease_until, m.receive_count) == ("t1", T0 + VIS, 1)
-    assert _where(state) == (["b"], {"a"}, set())
+    assert where(state) == (["b"], {"a"}, set())
     assert state.counts("jobs") == {**EMPTY, "ready": 1, "in_flight": 1}
     # Invisible, not gone: the queue still holds it.
     assert state.depth("jobs") == 2
@@ -86,7 +88,7 @@ def test_a_lease_makes_the_message_invisible_and_counts_the_delivery() -> None:
 def test_a_lease_takes_at_most_the_limit_in_arrival_order() -> None:
     state, tokens = _state(ids=("a", "b", "c", "d")), _Tokens()
     assert _lease(state, tokens, 3) == [("a", "t1"), ("b", "t2"), ("c", "t3")]
-    assert _where(state) == (["d"], {"a", "b", "c"}, set())
+    assert where(state) == (["d"], {"a", "b", "c"}, set())
 
 
 def test_a_lease_of_an_unknown_queue_is_empty_and_asks_for_no_token() -> None:
@@ -100,18 +102,18 @@ def test_each_delivery_increments_the_receive_count() -> None:
     for count in (1, 2, 3):
         now = T0 + 100 * count
         [(_, token)] = _lease(state, tokens, now=now)
-        assert state.messages["a"].receive_count == count
+        assert _find(state, "a").receive_count == count
         assert state.requeue("jobs", "a", token, now + 1) is not None
 
 
 # ---- ack -------------------------------------------------------------------------------
 def test_an_ack_with_the_current_token_removes_the_message() -> None:
     state, tokens = _state(), _Tokens()
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     [(_, token)] = _lease(state, tokens)
     assert state.ack("jobs", "a", token, T0 + VIS - 0.001) == Remove("jobs", "a", seq_a)
-    assert "a" not in state.messages
-    assert _where(state) == (["b"], set(), set())
+    assert state.find("a") is None
+    assert where(state) == (["b"], set(), set())
     assert state.counts("jobs") == {**EMPTY, "ready": 1}
 
 
@@ -133,8 +135,8 @@ def test_an_ack_at_or_after_lease_until_returns_none_before_the_monitor_runs(
     [(_, token)] = _lease(state, tokens)
     assert state.ack("jobs", "a", token, T0 + VIS + late_s) is None
     # Nothing requeued it yet, but the lease is lost: the message stays, still leased.
-    assert state.messages["a"].lease == token
-    assert _where(state) == (["b"], {"a"}, set())
+    assert _find(state, "a").lease == token
+    assert where(state) == (["b"], {"a"}, set())
 
 
 def test_an_ack_with_a_wrong_token_queue_or_id_returns_none() -> None:
@@ -145,36 +147,36 @@ def test_an_ack_with_a_wrong_token_queue_or_id_returns_none() -> None:
     assert state.ack("other", "a", token, T0 + 1) is None
     assert state.ack("jobs", "b", token, T0 + 1) is None  # ready, never leased
     assert state.ack("jobs", "zzz", token, T0 + 1) is None
-    assert state.messages["a"].lease == token
+    assert _find(state, "a").lease == token
     assert state.depth("jobs") == 2
 
 
 # ---- nack ------------------------------------------------------------------------------
 def test_a_nack_makes_the_message_visible_again_at_once() -> None:
     state, tokens = _state(), _Tokens()
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     [(_, token)] = _lease(state, tokens)
     fresh = state.next_seq
     assert state.requeue("jobs", "a", token, T0 + 10) == Requeue("jobs", "a", seq_a, T0 + 10, fresh)
-    assert state.messages["a"].seq == fresh  # it queues up again behind everything stored
-    m = state.messages["a"]
+    assert _find(state, "a").seq == fresh  # it queues up again behind everything stored
+    m = _find(state, "a")
     assert (m.lease, m.lease_until) == (None, 0.0)
     # Ready again, behind the message that waited.
-    assert _where(state) == (["b", "a"], set(), set())
+    assert where(state) == (["b", "a"], set(), set())
     assert state.counts("jobs") == {**EMPTY, "ready": 2}
     # The old receipt is dead; the next delivery is a new lease with a new token.
     assert state.ack("jobs", "a", token, T0 + 11) is None
     assert _lease(state, tokens, 2, now=T0 + 11) == [("b", "t2"), ("a", "t3")]
-    assert m.receive_count == 2
+    assert _find(state, "a").receive_count == 2
 
 
 def test_a_nack_with_a_delay_keeps_the_message_hidden_until_wake_passes_visible_at() -> None:
     state, tokens = _state(ids=("a",)), _Tokens()
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     [(_, token)] = _lease(state, tokens)
     op = state.requeue("jobs", "a", token, T0 + 10, delay_s=5)
     assert op == Requeue("jobs", "a", seq_a, T0 + 15, state.next_seq - 1)
-    assert _where(state) == ([], set(), {"a"})
+    assert where(state) == ([], set(), {"a"})
     assert state.counts("jobs") == {**EMPTY, "delayed": 1}
     assert state.depth("jobs") == 1
     assert state.next_timer() == T0 + 15
@@ -182,7 +184,7 @@ def test_a_nack_with_a_delay_keeps_the_message_hidden_until_wake_passes_visible_
     assert _lease(state, tokens, now=T0 + 14.999) == []
     assert state.wake(T0 + 14.999) == set()
     assert state.wake(T0 + 15) == {"jobs"}
-    assert _where(state) == (["a"], set(), set())
+    assert where(state) == (["a"], set(), set())
     assert state.wake(T0 + 100) == set()  # woken once
     assert _lease(state, tokens, now=T0 + 15) == [("a", "t2")]
 
@@ -207,10 +209,10 @@ def test_wake_reports_every_queue_that_got_visible_messages() -> None:
 # ---- extend ----------------------------------------------------------------------------
 def test_extend_moves_the_deadline_from_now() -> None:
     state, tokens = _state(ids=("a",)), _Tokens()
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     [(_, token)] = _lease(state, tokens)
     assert state.extend("jobs", "a", token, T0 + 20, 60) == Extend("jobs", "a", seq_a, T0 + 80)
-    assert state.messages["a"].lease_until == T0 + 80
+    assert _find(state, "a").lease_until == T0 + 80
     # The old deadline no longer ends the lease.
     assert state.due_leases(T0 + VIS) == []
     assert state.ack("jobs", "a", token, T0 + 79) is not None
@@ -228,7 +230,7 @@ def test_an_expired_lease_cannot_be_extended() -> None:
     [(_, token)] = _lease(state, tokens)
     assert state.extend("jobs", "a", token, T0 + VIS, 60) is None
     assert state.extend("jobs", "a", token, T0 + VIS + 5, 60) is None
-    assert state.messages["a"].lease_until == T0 + VIS
+    assert _find(state, "a").lease_until == T0 + VIS
     assert state.extend("jobs", "a", "t999", T0 + 1, 60) is None
 
 
@@ -244,7 +246,7 @@ def test_due_leases_returns_expired_leases_only_once_oldest_first() -> None:
     assert state.due_leases(T0 + 1000) == [("jobs", "b", tb)]
     assert state.due_leases(T0 + 1000) == []
     # Handing them out changed nothing: the planner that requeues them does.
-    assert _where(state) == ([], {"a", "b", "c"}, set())
+    assert where(state) == ([], {"a", "b", "c"}, set())
 
 
 def test_due_leases_hands_out_at_most_the_limit_and_keeps_the_rest() -> None:
@@ -270,13 +272,13 @@ def test_recheck_puts_a_due_lease_back_for_the_next_look() -> None:
 
 def test_the_expiry_requeue_refuses_a_lease_that_is_still_running() -> None:
     state, tokens = _state(ids=("a",)), _Tokens()
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     [(_, token)] = _lease(state, tokens)
     assert state.requeue("jobs", "a", token, T0 + VIS - 0.001, expired=True) is None
-    assert _where(state) == ([], {"a"}, set())
+    assert where(state) == ([], {"a"}, set())
     op = state.requeue("jobs", "a", token, T0 + VIS, expired=True)
     assert op == Requeue("jobs", "a", seq_a, T0 + VIS, state.next_seq - 1)
-    assert _where(state) == (["a"], set(), set())
+    assert where(state) == (["a"], set(), set())
 
 
 def test_a_nack_refuses_a_lease_that_has_expired() -> None:
@@ -284,10 +286,10 @@ def test_a_nack_refuses_a_lease_that_has_expired() -> None:
     [(_, token)] = _lease(state, tokens)
     assert state.requeue("jobs", "a", token, T0 + VIS) is None
     assert state.requeue("jobs", "a", token, T0 + VIS + 1, delay_s=60) is None
-    assert _where(state) == ([], {"a"}, set())
+    assert where(state) == ([], {"a"}, set())
     # Expiry does it, without the nack's delay.
     assert state.requeue("jobs", "a", token, T0 + VIS + 1, expired=True) is not None
-    assert _where(state) == (["a"], set(), set())
+    assert where(state) == (["a"], set(), set())
 
 
 def test_a_lease_of_zero_seconds_is_due_at_once_and_cannot_be_acked() -> None:
@@ -314,10 +316,10 @@ def test_the_first_of_ack_nack_and_expiry_to_reach_a_lease_wins(first: str) -> N
 
     planners = {"ack": ack, "nack": nack, "expiry": expiry}
     assert planners.pop(first)() is not None
-    before = _where(state)
+    before = where(state)
     for loser in planners.values():
         assert loser() is None
-    assert _where(state) == before
+    assert where(state) == before
     # The lease's timer is stale now: the monitor finds nothing to do.
     assert state.due_leases(T0 + 10_000) == []
 
@@ -331,7 +333,7 @@ def test_an_old_receipt_cannot_touch_the_next_lease_of_the_same_message() -> Non
     assert state.ack("jobs", "a", old, now) is None
     assert state.extend("jobs", "a", old, now, 60) is None
     assert state.requeue("jobs", "a", old, now) is None
-    assert state.messages["a"].lease == new
+    assert _find(state, "a").lease == new
     assert state.ack("jobs", "a", new, now) is not None
 
 
@@ -353,12 +355,12 @@ def test_past_max_receives_the_message_moves_to_the_dead_letter_queue_with_its_i
     state, tokens = _state(ids=("a",)), _Tokens()
     state.push("dead", "older", b"", None, now=T0)
     assert type(_deliver_and_fail(state, tokens, T0, expire=expire)) is Requeue
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     moved_at = T0 + 100 + (VIS if expire else 1)
     op = _deliver_and_fail(state, tokens, T0 + 100, expire=expire)
     assert op == DeadLetter("jobs", "a", seq_a, "dead", moved_at, state.next_seq - 1)
 
-    m = state.messages["a"]
+    m = _find(state, "a")
     assert (m.queue, m.origin, m.receive_count, m.lease, m.seq, m.body) == (
         "dead",
         "jobs",
@@ -369,8 +371,8 @@ def test_past_max_receives_the_message_moves_to_the_dead_letter_queue_with_its_i
     )
     assert m.enqueued_at == moved_at
     # In the DLQ's ready ids, behind what it held; in no part of the source queue.
-    assert _where(state, "dead") == (["older", "a"], set(), set())
-    assert _where(state, "jobs") == ([], set(), set())
+    assert where(state, "dead") == (["older", "a"], set(), set())
+    assert where(state, "jobs") == ([], set(), set())
     assert state.depth("jobs") == 0 and state.depth("dead") == 2
     assert state.counts("jobs") == {**EMPTY, "dead_lettered": 1}
     assert state.counts("dead") == {**EMPTY, "ready": 2}
@@ -379,7 +381,7 @@ def test_past_max_receives_the_message_moves_to_the_dead_letter_queue_with_its_i
     assert state.due_leases(T0 + 10_000) == []
     _lease(state, tokens, queue="dead", now=T0 + 200)
     [(mid, token)] = _lease(state, tokens, queue="dead", now=T0 + 200)
-    assert (mid, state.messages["a"].receive_count) == ("a", 1)
+    assert (mid, _find(state, "a").receive_count) == ("a", 1)
     assert state.ack("dead", "a", token, T0 + 201) is not None
     # Gone from the DLQ: no longer counted against its origin.
     assert state.counts("jobs") == EMPTY
@@ -401,7 +403,7 @@ def test_below_max_receives_or_without_a_dlq_a_failed_delivery_is_requeued() -> 
     [(_, token)] = _lease(state, tokens, now=T0 + 100)
     op = state.requeue("jobs", "a", token, T0 + 101, max_receives=5, dead_letter_queue="dead")
     assert type(op) is Requeue
-    assert state.messages["a"].receive_count == 4
+    assert _find(state, "a").receive_count == 4
     assert "dead" not in state.queues
 
 
@@ -410,10 +412,10 @@ def test_purging_the_dead_letter_queue_uncounts_its_messages_from_their_origin()
     _deliver_and_fail(state, tokens, T0, expire=False)
     _deliver_and_fail(state, tokens, T0 + 100, expire=False)
     assert state.counts("jobs")["dead_lettered"] == 1
-    seq_a = state.messages["a"].seq
+    seq_a = _find(state, "a").seq
     assert state.purge("dead") == Purge("dead", (seq_a,))
     assert state.counts("jobs") == EMPTY
-    assert state.messages == {}
+    assert all_ids(state) == set()
 
 
 # ---- dedup -----------------------------------------------------------------------------
@@ -423,7 +425,7 @@ def test_a_dedup_id_is_a_duplicate_inside_its_window_even_after_the_message_is_g
     assert op == Push("jobs", "d1", op.seq, b"x", None, T0, T0 + 300)
     assert state.is_duplicate("d1", T0)
     state.pop("jobs", 1, now=T0 + 1)
-    assert "d1" not in state.messages
+    assert state.find("d1") is None
     assert state.is_duplicate("d1", T0 + 299.999)
     assert not state.is_duplicate("d1", T0 + 300)
     assert not state.is_duplicate("other", T0)
@@ -482,14 +484,14 @@ def test_purge_drops_ready_leased_and_delayed_messages_and_the_queues_dedup_reco
     _lease(state, tokens)  # "leased"
     [(mid, t_delayed)] = _lease(state, tokens)
     state.requeue("jobs", mid, t_delayed, T0, delay_s=60)
-    assert _where(state) == (["ready"], {"leased"}, {"delayed"})
+    assert where(state) == (["ready"], {"leased"}, {"delayed"})
 
     # Requeues gave "ready" and "delayed" fresh seqs; the purge names the current ones.
-    seqs = sorted(state.messages[mid].seq for mid in ("ready", "leased", "delayed"))
+    seqs = sorted(_find(state, mid).seq for mid in ("ready", "leased", "delayed"))
     op = state.purge("jobs")
     assert op is not None and op.queue == "jobs"
     assert sorted(op.seqs) == seqs
-    assert set(state.messages) == {"k"}
+    assert all_ids(state) == {"k"}
     assert set(state.dedup) == {"k"}
     assert "jobs" not in state.queues
     assert state.counts("jobs") == EMPTY
@@ -519,17 +521,17 @@ def test_pop_drops_ready_messages_past_retention_and_returns_their_removes() -> 
     }
     # Retention 100 s at T0 + 150: "old" is past it, "edge" is exactly at it and stays.
     got, ops = state.pop("jobs", 1, now=T0 + 150, retention_s=100)
-    assert [mid for mid, _ in got] == ["edge"]
+    assert [t.id for t in got] == ["edge"]
     assert ops == [Remove("jobs", "old", seqs["old"]), Remove("jobs", "edge", seqs["edge"])]
-    assert list(state.queues["jobs"].ids) == ["new"]
-    assert set(state.messages) == {"new"}
+    assert state.ready_list("jobs") == ["new"]
+    assert all_ids(state) == {"new"}
 
 
 def test_without_retention_pop_keeps_messages_of_any_age() -> None:
     state = NodeState()
     state.push("jobs", "ancient", b"", None, now=0.0)
     got, _ = state.pop("jobs", 1, now=T0 * 1000)
-    assert [mid for mid, _ in got] == ["ancient"]
+    assert [t.id for t in got] == ["ancient"]
 
 
 def test_lease_drops_ready_messages_past_retention_but_not_leased_ones() -> None:
@@ -537,17 +539,17 @@ def test_lease_drops_ready_messages_past_retention_but_not_leased_ones() -> None
     for mid in ("leased", "old"):
         state.push("jobs", mid, b"", None, now=T0)
     state.push("jobs", "new", b"", None, now=T0 + 100)
-    seq = {mid: m.seq for mid, m in state.messages.items()}
+    seq = {mid: _find(state, mid).seq for mid in all_ids(state)}
     _lease(state, tokens, visibility_s=1000)
     got, ops = state.lease(
         "jobs", 5, now=T0 + 150, visibility_s=VIS, new_token=tokens, retention_s=100
     )
-    assert [(mid, token) for mid, _, token in got] == [("new", "t2")]
+    assert [(t.id, t.token) for t in got] == [("new", "t2")]
     assert ops == [
         Remove("jobs", "old", seq["old"]),
         Lease("jobs", "new", seq["new"], "t2", T0 + 150 + VIS, 1),
     ]
-    assert _where(state) == ([], {"leased", "new"}, set())
+    assert where(state) == ([], {"leased", "new"}, set())
 
 
 def test_expired_by_retention_removes_old_ready_messages_from_the_head() -> None:
@@ -555,14 +557,14 @@ def test_expired_by_retention_removes_old_ready_messages_from_the_head() -> None
     # At T0 + 150 with retention 100, m3 (T0 + 50) is exactly at the limit and stays.
     for i, at in enumerate((T0, T0 + 10, T0 + 20, T0 + 50)):
         state.push("jobs", f"m{i}", b"", None, now=at)
-    seq = {mid: m.seq for mid, m in state.messages.items()}
+    seq = {mid: _find(state, mid).seq for mid in all_ids(state)}
     _lease(state, tokens, visibility_s=10_000)  # m0: leased, so not dropped
     assert state.expired_by_retention("jobs", T0 + 150, 100, limit=1) == [
         Remove("jobs", "m1", seq["m1"])
     ]
     assert state.expired_by_retention("jobs", T0 + 150, 100) == [Remove("jobs", "m2", seq["m2"])]
     assert state.expired_by_retention("jobs", T0 + 150, 100) == []
-    assert _where(state) == (["m3"], {"m0"}, set())
+    assert where(state) == (["m3"], {"m0"}, set())
     assert state.expired_by_retention("nope", T0 + 150, 100) == []
 
 
@@ -594,24 +596,11 @@ def test_next_timer_is_the_earliest_lease_end_or_delay_end() -> None:
 def _snapshot(state: NodeState) -> dict[str, object]:
     return {
         "queues": {
-            q: (set(lq.ids), set(lq.leased), set(lq.delayed))
+            q: (state.ready_list(q), set(lq.leased), set(lq.delayed))
             for q, lq in state.queues.items()
             if lq.holds()
         },
-        "messages": {
-            mid: (
-                m.queue,
-                m.seq,
-                m.body,
-                m.enqueued_at,
-                m.receive_count,
-                m.lease,
-                m.lease_until,
-                m.visible_at,
-                m.origin,
-            )
-            for mid, m in state.messages.items()
-        },
+        "messages": {mid: _find(state, mid) for mid in all_ids(state)},
         "dead_lettered": dict(state.dead_lettered),
         "dedup": dict(state.dedup),
     }
@@ -625,7 +614,7 @@ def test_replaying_the_returned_ops_rebuilds_the_same_state() -> None:
         ops.append(state.push("jobs", f"m{i}", b"%d" % i, None, now=T0 + i, dedup_window_s=50))
     got, lease_ops = state.lease("jobs", 4, now=T0 + 10, visibility_s=VIS, new_token=tokens)
     ops += lease_ops
-    (m0, _, t0), (m1, _, t1), (m2, _, t2), (m3, _, t3) = got
+    (m0, t0), (m1, t1), (m2, t2), (m3, t3) = [(t.id, t.token or "") for t in got]
     for op in (
         state.ack("jobs", m0, t0, T0 + 11),
         state.requeue("jobs", m1, t1, T0 + 11, delay_s=100),
@@ -635,7 +624,7 @@ def test_replaying_the_returned_ops_rebuilds_the_same_state() -> None:
         assert op is not None
         ops.append(op)
     popped, pop_ops = state.pop("jobs", 10, now=T0 + 13, retention_s=8.5)
-    assert [mid for mid, _ in popped] == ["m5"]  # m4 (T0 + 4) is past retention
+    assert [t.id for t in popped] == ["m5"]  # m4 (T0 + 4) is past retention
     ops += pop_ops
     forget = state.forget_dedup(T0 + 52)  # the records of m0 and m1
     assert forget is not None

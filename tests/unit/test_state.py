@@ -13,6 +13,8 @@ from zdmq.server.state import (
     Unregister,
 )
 
+from .views import all_ids
+
 
 def _ids(n: int, prefix: str = "m") -> list[str]:
     return [f"{prefix}{i:03d}" for i in range(n)]
@@ -24,7 +26,7 @@ def _push_all(state: NodeState, queue: str, ids: list[str]) -> list[Push]:
 
 def _pop_ids(state: NodeState, queue: str, limit: int) -> list[str]:
     got, _ = state.pop(queue, limit)
-    return [mid for mid, _ in got]
+    return [t.id for t in got]
 
 
 def test_pop_returns_messages_in_push_order() -> None:
@@ -34,11 +36,12 @@ def test_pop_returns_messages_in_push_order() -> None:
     first, _ = state.pop("jobs", 3)
     rest, _ = state.pop("jobs", 100)
     got = first + rest
-    assert [mid for mid, _ in got] == ids
-    assert [m.body for _, m in got] == [mid.encode() for mid in ids]
+    assert [t.id for t in got] == ids
+    assert [t.body for t in got] == [mid.encode() for mid in ids]
     assert state.pop("jobs", 1) == ([], [])
     assert state.depth("jobs") == 0
-    assert state.messages == {}
+    assert all_ids(state) == set()
+    assert state.stored() == 0
 
 
 def test_pop_takes_at_most_the_limit() -> None:
@@ -52,13 +55,12 @@ def test_pop_takes_at_most_the_limit() -> None:
 def test_pop_returns_the_remove_op_that_persists_it() -> None:
     state = NodeState()
     push = state.push("jobs", "a", b"body", "text/plain")
-    [(mid, stored)], [op] = state.pop("jobs", 1)
-    assert mid == "a"
-    assert (stored.queue, stored.seq, stored.body, stored.content_type) == (
-        "jobs",
-        push.seq,
+    [taken], [op] = state.pop("jobs", 1)
+    assert (taken.id, taken.body, taken.content_type, taken.receive_count) == (
+        "a",
         b"body",
         "text/plain",
+        0,
     )
     assert op == Remove("jobs", "a", push.seq)
 
@@ -118,7 +120,7 @@ def test_purge_drops_the_uuid_queue_and_every_body_of_that_queue_only() -> None:
     op = state.purge("jobs")
     assert op == Purge("jobs", tuple(p.seq for p in pushes))
     assert "jobs" not in state.queues
-    assert set(state.messages) == {"k000", "k001"}
+    assert all_ids(state) == {"k000", "k001"}
     assert state.depth("jobs") == 0
     assert state.depth("keep") == 2
 
@@ -131,8 +133,8 @@ def test_remove_of_a_non_head_id_keeps_the_others_in_order() -> None:
     state = NodeState()
     pushes = _push_all(state, "jobs", ["a", "b", "c", "d"])
     state.apply(Remove("jobs", "c", pushes[2].seq))
-    assert "c" not in state.messages
-    assert list(state.queues["jobs"].ids) == ["a", "b", "d"]
+    assert "c" not in all_ids(state)
+    assert state.ready_list("jobs") == ["a", "b", "d"]
     state.apply(Remove("jobs", "a", pushes[0].seq))
     assert _pop_ids(state, "jobs", 10) == ["b", "d"]
 

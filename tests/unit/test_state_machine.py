@@ -74,6 +74,7 @@ from zdmq.server.state import (
     Op,
     Remove,
     Requeue,
+    id_key,
 )
 from zdmq.server.storage import SqliteStorage
 
@@ -266,33 +267,43 @@ def _observe(state: NodeState) -> dict[str, Any]:
     ready: dict[str, list[str]] = {q: [] for q in QUEUES}
     leased: dict[str, tuple[str, str | None, float, int]] = {}
     delayed: dict[str, tuple[str, float]] = {}
+    n_ready = 0
     for q, lq in state.queues.items():
-        held = (*lq.ids, *lq.leased, *lq.delayed)
+        ready_ids = state.ready_list(q)
+        n_ready += len(ready_ids)
+        held = (*ready_ids, *lq.leased, *lq.delayed)
         assert q in QUEUES or not held, f"messages in unknown queue {q!r}: {held}"
         placed.update(held)
-        for mid in held:
-            m = state.messages.get(mid)
+        for mid in ready_ids:
+            assert mid not in state.hot, f"{mid} is ready in {q!r} and also leased or delayed"
+            indexed = state.ready_ids.get(id_key(mid))
+            assert indexed == q, f"{mid} is ready in {q!r} but indexed in {indexed!r}"
+        for mid in (*lq.leased, *lq.delayed):
+            m = state.hot.get(mid)
             assert m is not None, f"{mid} is listed in {q!r} but has no stored message"
             assert m.queue == q, f"{mid} is listed in {q!r} but says it is in {m.queue!r}"
             assert (m.lease is not None) == (mid in lq.leased), f"{mid}: lease {m.lease!r}"
         if q in QUEUES:
-            ready[q] = list(lq.ids)
+            ready[q] = ready_ids
         for mid in lq.leased:
-            m = state.messages[mid]
+            m = state.hot[mid]
             leased[mid] = (q, m.lease, m.lease_until, m.receive_count)
         for mid in lq.delayed:
-            delayed[mid] = (q, state.messages[mid].visible_at)
+            delayed[mid] = (q, state.hot[mid].visible_at)
     twice = sorted(mid for mid, n in placed.items() if n > 1)
     assert not twice, f"messages in two places: {twice}"
-    nowhere = sorted(set(state.messages) - set(placed))
+    nowhere = sorted(set(state.hot) - set(placed))
     assert not nowhere, f"stored messages in no queue: {nowhere}"
+    assert len(state.ready_ids) == n_ready, "the index of ready ids names messages in no queue"
+    views = {mid: state.find(mid) for mid in placed}
     return {
         "ready": ready,
         "leased": leased,
         "delayed": delayed,
         "messages": {
             mid: (m.queue, m.body, m.content_type, m.enqueued_at, m.receive_count, m.origin)
-            for mid, m in state.messages.items()
+            for mid, m in views.items()
+            if m is not None
         },
         "dedup": dict(state.dedup),
         "counts": {q: state.counts(q) for q in QUEUES},
@@ -423,14 +434,15 @@ class _NodeMachine(RuleBasedStateMachine):
         )
         self._commit(ops)
         expected = self.model.take(queue, limit)
-        assert [mid for mid, _, _ in got] == expected, f"received {got}, expected {expected}"
+        assert [t.id for t in got] == expected, f"received {got}, expected {expected}"
         out = []
-        for mid, m, token in got:
-            assert token not in self.issued, f"token {token} issued twice"
+        for t in got:
+            mid, token = t.id, t.token
+            assert token is not None and token not in self.issued, f"token {token} reused"
             self.issued.add(token)
             self.model.lease(mid, token, self.now + visibility_s)
             want = self.model.msgs[mid]
-            assert (m.body, m.receive_count) == (want.body, want.count), mid
+            assert (t.body, t.receive_count) == (want.body, want.count), mid
             out.append(Receipt(queue, mid, token))
         return multiple(*out)
 
@@ -521,9 +533,9 @@ class _NodeMachine(RuleBasedStateMachine):
         got, ops = self.state.pop(queue, limit, now=self.now, retention_s=None)
         self._commit(ops)
         expected = self.model.take(queue, limit)
-        assert [mid for mid, _ in got] == expected, f"popped {got}, expected {expected}"
-        for mid, m in got:
-            assert m.body == self.model.msgs.pop(mid).body, mid
+        assert [t.id for t in got] == expected, f"popped {got}, expected {expected}"
+        for t in got:
+            assert t.body == self.model.msgs.pop(t.id).body, t.id
 
     @rule(dt=st.sampled_from([0.5, 0.25, 1.0, 3.0]))
     def advance(self, dt: float) -> None:
@@ -593,7 +605,8 @@ class _NodeMachine(RuleBasedStateMachine):
             q: (m.incarnation, m.created_at, m.settings) for q, m in self.state.meta.items()
         }
         assert meta_after == meta_before
-        seqs = [m.seq for m in self.state.messages.values()]
+        seqs = [m.seq for m in self.state.hot.values()]
+        seqs += [seq for lq in self.state.queues.values() for seq in lq.ready]
         assert self.state.next_seq > max(seqs, default=0)
 
     def _check_end(self, op: Op, verdict: str, delay_s: float) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from zdmq.models import QueueSettings
 from zdmq.server.state import (
     CreateQueue,
     DropQueue,
+    MessageView,
     NodeState,
     Op,
     Push,
@@ -27,6 +28,8 @@ from zdmq.server.state import (
 )
 from zdmq.server.storage import MemoryStorage, SqliteStorage, open_storage
 
+from .views import all_ids, where
+
 
 def _snapshot(state: NodeState) -> dict[str, object]:
     """What a node must get back after a restart, in comparable form.
@@ -34,10 +37,13 @@ def _snapshot(state: NodeState) -> dict[str, object]:
     Runtime knowledge (whether a UUID queue is registered, the next sequence number)
     is rebuilt after a restart, so it is left out.
     """
+    views = {mid: state.find(mid) for mid in all_ids(state)}
     return {
-        "queues": {q: list(lq.ids) for q, lq in state.queues.items() if lq.ids},
+        "queues": {q: state.ready_list(q) for q, lq in state.queues.items() if lq.ready},
         "messages": {
-            mid: (m.queue, m.seq, m.body, m.content_type) for mid, m in state.messages.items()
+            mid: (m.queue, m.seq, m.body, m.content_type)
+            for mid, m in views.items()
+            if m is not None
         },
         "meta": {
             q: (m.incarnation, m.created_at, list(m.nodes.items())) for q, m in state.meta.items()
@@ -45,12 +51,22 @@ def _snapshot(state: NodeState) -> dict[str, object]:
     }
 
 
+_OPEN: list[SqliteStorage] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_reopened() -> AsyncIterator[None]:
+    yield
+    while _OPEN:
+        await _OPEN.pop().close()
+
+
 async def _reopen(path: Path) -> NodeState:
+    """The state a restart loads. Its storage stays open until the test ends: the state
+    reads message bodies from it."""
     storage = SqliteStorage(path, fsync=True)
-    try:
-        return storage.load()
-    finally:
-        await storage.close()
+    _OPEN.append(storage)
+    return storage.load()
 
 
 class _Recorder:
@@ -70,7 +86,7 @@ class _Recorder:
     def pop(self, queue: str, limit: int) -> list[str]:
         popped, ops = self.state.pop(queue, limit)
         self.ops.extend(ops)
-        return [mid for mid, _ in popped]
+        return [t.id for t in popped]
 
     def purge(self, queue: str) -> None:
         op = self.state.purge(queue)
@@ -117,17 +133,18 @@ async def test_a_reopened_store_holds_exactly_the_committed_state(
     third = storage.submit(rec.take())
     await asyncio.gather(first, second, third)
     assert popped == ["j0", "j1", "j2", "j3"]
+    before = _snapshot(state)
     await storage.close()
 
     again = await _reopen(path)
-    assert _snapshot(again) == _snapshot(state)
+    assert _snapshot(again) == before
     # Spelled out: FIFO order kept, popped and purged messages gone, metadata lists kept.
-    assert list(again.queues["jobs"].ids) == [f"j{i}" for i in range(4, 10)]
-    assert list(again.queues["bin"].ids) == ["b0", "b1"]
-    assert again.messages["b0"].body == bytes(range(256))
-    assert again.messages["j5"].content_type == "text/plain"
+    assert again.ready_list("jobs") == [f"j{i}" for i in range(4, 10)]
+    assert again.ready_list("bin") == ["b0", "b1"]
+    assert _find(again, "b0").body == bytes(range(256))
+    assert _find(again, "j5").content_type == "text/plain"
     assert "purged" not in again.queues
-    assert not set(popped) & set(again.messages)
+    assert not set(popped) & all_ids(again)
     assert list(again.meta["jobs"].nodes.items()) == [("n3", "u3"), ("n1", "u1"), ("n2", "u2")]
     assert again.meta["idle"].nodes == {}
     assert "gone" not in again.meta
@@ -153,7 +170,7 @@ async def test_new_pushes_after_a_reopen_queue_behind_the_reloaded_ones(tmp_path
     await storage.close()
 
     again = await _reopen(path)
-    assert list(again.queues["jobs"].ids) == ["a1", "a2", "a3", "a4", "b0", "b1", "b2"]
+    assert again.ready_list("jobs") == ["a1", "a2", "a3", "a4", "b0", "b1", "b2"]
 
 
 async def test_submits_during_an_in_flight_commit_share_the_next_commit(tmp_path: Path) -> None:
@@ -168,7 +185,7 @@ async def test_submits_during_an_in_flight_commit_share_the_next_commit(tmp_path
     assert storage.ops_written == 200
     await storage.close()
     again = await _reopen(tmp_path / "zdmq.sqlite3")
-    assert list(again.queues["jobs"].ids) == [f"m{i:03d}" for i in range(200)]
+    assert again.ready_list("jobs") == [f"m{i:03d}" for i in range(200)]
 
 
 async def test_200_concurrent_submits_take_fewer_commits_than_submits(tmp_path: Path) -> None:
@@ -183,7 +200,7 @@ async def test_200_concurrent_submits_take_fewer_commits_than_submits(tmp_path: 
     assert 1 <= storage.commits < 200
     await storage.close()
     again = await _reopen(tmp_path / "zdmq.sqlite3")
-    assert len(again.messages) == 200
+    assert len(all_ids(again)) == again.stored() == 200
 
 
 async def test_close_writes_what_was_submitted_but_not_awaited(tmp_path: Path) -> None:
@@ -193,23 +210,30 @@ async def test_close_writes_what_was_submitted_but_not_awaited(tmp_path: Path) -
     await storage.close()
     assert fut.done() and fut.exception() is None
     again = await _reopen(tmp_path / "zdmq.sqlite3")
-    assert list(again.queues["jobs"].ids) == ["a"]
+    assert again.ready_list("jobs") == ["a"]
 
 
 async def test_a_failed_commit_fails_its_writers_and_every_later_write(tmp_path: Path) -> None:
     storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
-    storage.load()
-    # Two rows with one sequence number: the disk refuses the transaction.
-    bad = storage.submit([Push("jobs", "a", 1, b"", None), Push("jobs", "b", 1, b"", None)])
-    with pytest.raises(StorageFailed):
-        await bad
+    state = storage.load()
+    good = [state.push("jobs", "ok", b"", None)]
+    first = storage.submit(good)
+    # Two rows with one sequence number: the disk refuses the transaction, and with it
+    # the write submitted before in the same one.
+    bad = [Push("jobs", "a", 5, b"", None), Push("jobs", "b", 5, b"", None)]
+    for op in bad:
+        state.apply(op)
+    second = storage.submit(bad)
+    for fut in (first, second):
+        with pytest.raises(StorageFailed):
+            await fut
     assert storage.failed is not None and "IntegrityError" in storage.failed
     with pytest.raises(StorageFailed, match="storage failed earlier"):
-        storage.submit([Push("jobs", "c", 2, b"", None)])
+        storage.submit([state.push("jobs", "c", b"", None)])
     await storage.close()
     # The refused transaction left nothing behind.
     again = await _reopen(tmp_path / "zdmq.sqlite3")
-    assert again.messages == {}
+    assert all_ids(again) == set()
 
 
 async def test_memory_storage_returns_done_futures_and_loads_empty() -> None:
@@ -240,11 +264,10 @@ def _tokens(*names: str) -> Callable[[], str]:
     return lambda: next(it)
 
 
-def _where(state: NodeState, queue: str) -> tuple[list[str], set[str], set[str]]:
-    lq = state.queues.get(queue)
-    if lq is None:
-        return [], set(), set()
-    return list(lq.ids), set(lq.leased), set(lq.delayed)
+def _find(state: NodeState, mid: str) -> MessageView:
+    m = state.find(mid)
+    assert m is not None, f"{mid} is not stored"
+    return m
 
 
 async def _commit_and_reopen(storage: SqliteStorage, ops: list[Op]) -> NodeState:
@@ -267,13 +290,13 @@ async def test_a_reopened_store_keeps_a_running_lease_with_its_token_and_deadlin
     ops.append(extend)
     again = await _commit_and_reopen(storage, ops)
 
-    m = again.messages["a"]
+    m = _find(again, "a")
     assert (m.lease, m.lease_until, m.receive_count) == ("tok1", now + 900, 1)
-    assert _where(again, "jobs") == (["b"], {"a"}, set())
+    assert where(again, "jobs") == (["b"], {"a"}, set())
     assert again.counts("jobs") == {"ready": 1, "in_flight": 1, "delayed": 0, "dead_lettered": 0}
     # Still invisible to a new lease, and the lease monitor finds it due at its deadline.
     got, _ = again.lease("jobs", 5, now=time.time(), visibility_s=10_000, new_token=_tokens("x"))
-    assert [mid for mid, _, _ in got] == ["b"]
+    assert [t.id for t in got] == ["b"]
     assert again.due_leases(now + 899) == []
     assert again.due_leases(now + 900) == [("jobs", "a", "tok1")]
     # Its receipt still acks it.
@@ -291,13 +314,13 @@ async def test_a_lease_that_ran_out_while_the_store_was_closed_is_due_at_once(
     again = await _commit_and_reopen(storage, ops + leased)
 
     # Not lost and not yet visible: the monitor's first look requeues it.
-    assert _where(again, "jobs") == ([], {"a"}, set())
+    assert where(again, "jobs") == ([], {"a"}, set())
     now = time.time()
     assert again.due_leases(now) == [("jobs", "a", "tok1")]
     assert again.ack("jobs", "a", "tok1", now) is None
     assert again.requeue("jobs", "a", "tok1", now, expired=True) is not None
     got, _ = again.lease("jobs", 1, now=now, visibility_s=30, new_token=_tokens("tok2"))
-    assert [(mid, m.receive_count) for mid, m, _ in got] == [("a", 2)]
+    assert [(t.id, t.receive_count) for t in got] == [("a", 2)]
 
 
 async def test_a_delayed_message_stays_delayed_until_visible_at_across_a_reopen(
@@ -316,13 +339,13 @@ async def test_a_delayed_message_stays_delayed_until_visible_at_across_a_reopen(
         ops.append(op)
     again = await _commit_and_reopen(storage, ops)
 
-    assert _where(again, "jobs") == (["soon"], set(), {"later"})
-    later = again.messages["later"]
+    assert where(again, "jobs") == (["soon"], set(), {"later"})
+    later = _find(again, "later")
     assert (later.visible_at, later.lease, later.receive_count) == (past + 700, None, 1)
     assert again.counts("jobs")["delayed"] == 1
     assert again.wake(past + 699.999) == set()
     assert again.wake(past + 700) == {"jobs"}
-    assert _where(again, "jobs") == (["soon", "later"], set(), set())
+    assert where(again, "jobs") == (["soon", "later"], set(), set())
 
 
 async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_after_a_reopen(
@@ -338,7 +361,7 @@ async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_aft
     assert moved is not None
     again = await _commit_and_reopen(storage, [push, *leased, moved])
 
-    m = again.messages["a"]
+    m = _find(again, "a")
     assert (m.queue, m.origin, m.receive_count, m.lease, m.seq) == (
         "dead",
         "jobs",
@@ -347,7 +370,7 @@ async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_aft
         moved.new_seq,
     )
     assert (m.body, m.content_type, m.enqueued_at) == (b"poison", "text/plain", now + 1)
-    assert _where(again, "dead") == (["a"], set(), set())
+    assert where(again, "dead") == (["a"], set(), set())
     assert again.depth("jobs") == 0
     assert again.counts("jobs") == {"ready": 0, "in_flight": 0, "delayed": 0, "dead_lettered": 1}
     assert again.counts("dead")["ready"] == 1
@@ -359,7 +382,7 @@ async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_aft
     ack = state.ack("dead", "a", "t2", now + 3)
     assert ack is not None
     again = await _commit_and_reopen(storage, [*leased, ack])
-    assert again.messages == {}
+    assert all_ids(again) == set()
     assert again.counts("jobs")["dead_lettered"] == 0
 
 
@@ -380,7 +403,7 @@ async def test_dedup_records_survive_a_reopen_and_forgotten_or_purged_ones_stay_
     assert forget is not None and purge is not None
     again = await _commit_and_reopen(storage, [*ops, forget, purge])
 
-    assert again.messages == {}
+    assert all_ids(again) == set()
     assert again.dedup == {"kept": ("jobs", now + 300)}
     assert again.is_duplicate("kept", time.time())
     assert not again.is_duplicate("ended", time.time())
@@ -400,11 +423,10 @@ async def test_queue_settings_survive_a_reopen_in_the_metadata(tmp_path: Path) -
         max_message_bytes=4096,
     )
     storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
-    storage.load()
-    again = await _commit_and_reopen(
-        storage,
-        [CreateQueue("jobs", "inc-1", 1.0, settings), CreateQueue("jobs-dlq", "inc-2", 2.0)],
-    )
+    rec = _Recorder(storage.load())
+    rec(CreateQueue("jobs", "inc-1", 1.0, settings))
+    rec(CreateQueue("jobs-dlq", "inc-2", 2.0))
+    again = await _commit_and_reopen(storage, rec.take())
     assert again.meta["jobs"].settings == settings
     assert again.meta["jobs-dlq"].settings == QueueSettings()
 
@@ -445,10 +467,10 @@ async def test_a_database_of_the_old_schema_opens_migrates_and_keeps_its_message
     storage = SqliteStorage(path, fsync=True)
     state = storage.load()
 
-    m = state.messages[mid]
+    m = _find(state, mid)
     assert (m.queue, m.seq, m.body, m.content_type) == ("jobs", 7, b"old", "text/plain")
     assert (m.receive_count, m.lease, m.origin) == (0, None, None)
-    assert _where(state, "jobs") == ([mid], set(), set())
+    assert where(state, "jobs") == ([mid], set(), set())
     meta = state.meta["jobs"]
     assert (meta.incarnation, meta.created_at) == ("inc-old", 1700000000.0)
     assert meta.settings == QueueSettings()
@@ -460,10 +482,11 @@ async def test_a_database_of_the_old_schema_opens_migrates_and_keeps_its_message
     assert push.seq == 8  # after the migrated row's
     ops: list[Op] = [push]
     ops += state.lease("jobs", 1, now=now, visibility_s=600, new_token=_tokens("tok"))[1]
-    ops.append(CreateQueue("other", "inc", 2.0, QueueSettings(visibility_timeout_s=5)))
-    again = await _commit_and_reopen(storage, ops)
-    assert _where(again, "jobs") == (["new"], {mid}, set())
-    assert (again.messages[mid].lease, again.messages[mid].receive_count) == ("tok", 1)
+    create = CreateQueue("other", "inc", 2.0, QueueSettings(visibility_timeout_s=5))
+    state.apply(create)
+    again = await _commit_and_reopen(storage, [*ops, create])
+    assert where(again, "jobs") == (["new"], {mid}, set())
+    assert (_find(again, mid).lease, _find(again, mid).receive_count) == ("tok", 1)
     assert again.is_duplicate("new", now)
     assert again.meta["other"].settings == QueueSettings(visibility_timeout_s=5)
 
@@ -481,4 +504,4 @@ async def test_a_message_migrated_from_the_old_schema_is_not_dropped_as_past_ret
     now = time.time()
     assert state.expired_by_retention("jobs", now, retention_s) == []
     got, _ = state.pop("jobs", 1, now=now, retention_s=retention_s)
-    assert [m for m, _ in got] == [mid]
+    assert [t.id for t in got] == [mid]

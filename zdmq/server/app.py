@@ -150,7 +150,7 @@ async def health(request: Request) -> Response:
             "node": node.id,
             "status": "failed" if failed else "ok",
             "detail": failed,
-            "messages": len(node.state.messages),
+            "messages": node.state.stored(),
             "queues_owned": len(node.state.meta),
             "uptime_s": round(time.time() - node.started_at, 3),
             "counters": dict(node.counters),

@@ -346,14 +346,14 @@ class Node:
                     f"message of {len(item.body)} bytes is over queue {queue!r}'s "
                     f"{limit}-byte limit"
                 )
-            stored = state.messages.get(item.id)
-            if stored is not None and stored.queue != queue and not item.dedup:
+            holder = state.holder(item.id)
+            if holder is not None and holder != queue and not item.dedup:
                 raise MessageIdConflict(f"message id {item.id} is in use by another queue")
-        was_empty = not lq.ids
+        was_empty = not lq.ready
         ops: list[Op] = []
         duplicate: list[bool] = []
         for item in items:
-            if state.is_duplicate(item.id, now) if item.dedup else item.id in state.messages:
+            if state.is_duplicate(item.id, now) if item.dedup else state.holder(item.id):
                 duplicate.append(True)  # a retry or the same id twice: store it once
                 continue
             duplicate.append(False)
@@ -370,7 +370,7 @@ class Node:
         else:
             # Only repeats: reply once the originals' commit (maybe still running) is done.
             await self.storage.barrier()
-        if was_empty and lq.ids:
+        if was_empty and lq.ready:
             self._notify_ready(queue)
         return duplicate
 
@@ -434,7 +434,7 @@ class Node:
         state = self.state
         lq = state.queues.get(queue)
         state.wake(time.time())
-        if lq is not None and lq.ids:
+        if lq is not None and lq.ready:
             settings = self.settings.get(queue)
             if settings is None:
                 try:
@@ -457,13 +457,16 @@ class Node:
                     retention_s=retention,
                 )
                 out = [
-                    Delivery(mid, m.body, m.content_type, make_receipt(mid, tok), m.receive_count)
-                    for mid, m, tok in leased
+                    Delivery(
+                        t.id, t.body, t.content_type, make_receipt(t.id, t.token), t.receive_count
+                    )
+                    for t in leased
+                    if t.token is not None  # every leased message has one
                 ]
                 self.counters["received"] += len(out)
             else:
                 popped, ops = state.pop(queue, limit, now=now, retention_s=retention)
-                out = [Delivery(mid, m.body, m.content_type) for mid, m in popped]
+                out = [Delivery(t.id, t.body, t.content_type) for t in popped]
                 self.counters["popped"] += len(out)
             await self.commit(ops)
             if out:
@@ -501,7 +504,7 @@ class Node:
         ops: list[Op] = []
         failed: dict[str, str] = {}
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ids
+        was_empty = lq is None or not lq.ready
         for receipt, mid, token in leases:
             op: Op | None
             if action == "ack":
@@ -531,7 +534,7 @@ class Node:
         dlqs = {op.dlq for op in ops if isinstance(op, DeadLetter)}
         self.counters["dead_lettered"] += sum(1 for op in ops if isinstance(op, DeadLetter))
         lq = self.state.queues.get(queue)
-        if was_empty and lq is not None and lq.ids:
+        if was_empty and lq is not None and lq.ready:
             self._notify_ready(queue)
         for dlq in dlqs:
             self._notify_ready(dlq)
@@ -545,12 +548,10 @@ class Node:
         owner is down): they are then requeued in `queue` instead, never dropped.
         """
         dlq, limit = settings.dead_letter_queue, settings.max_receives
-        messages = self.state.messages
+        hot = self.state.hot
         if dlq is None or limit is None:
             return None
-        if not any(
-            (m := messages.get(mid)) is not None and m.receive_count >= limit for mid in mids
-        ):
+        if not any((m := hot.get(mid)) is not None and m.receive_count >= limit for mid in mids):
             return None
         try:
             lq = self.state.queues.get(dlq)
@@ -591,7 +592,7 @@ class Node:
                 continue
             self._monitor_retry_at.pop(queue, None)
             lq = state.queues.get(queue)
-            was_empty = lq is None or not lq.ids
+            was_empty = lq is None or not lq.ready
             ops: list[Op] = []
             for mid, token in due:
                 op = state.requeue(
@@ -803,9 +804,9 @@ class Node:
         Returns how many owners could not be reached (the sweep tries again later).
         """
         by_owner: defaultdict[str, dict[str, str]] = defaultdict(dict)
-        for queue, lq in self.state.queues.items():
-            if lq.holds():
-                first = lq.first_uuid or next(iter((*lq.ids, *lq.leased, *lq.delayed)))
+        for queue in self.state.queues:
+            first = self.state.some_id(queue)
+            if first is not None:
                 by_owner[self.meta_owner(queue)][queue] = first
         failures = 0
         for owner, queues in by_owner.items():

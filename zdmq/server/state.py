@@ -1,4 +1,4 @@
-"""A node's queue state as plain objects: UUID queues, bodies, leases, metadata lists.
+"""A node's queue state as plain objects: UUID queues, leases, metadata lists.
 
 Every durable change to a node's state is one *operation* (a small named tuple)
 applied by `NodeState.apply`. The same operation is what storage writes in its group
@@ -8,11 +8,18 @@ sockets: every planner takes `now` (wall-clock seconds) from its caller, so test
 time by hand.
 
 Per queue a node holds:
-  * a UUID queue (`LocalQueue.ids`): the ids of its *ready* messages, in arrival order;
+  * a UUID queue (`LocalQueue.ready`): its *ready* messages in arrival order, as flat
+    arrays of sequence number and arrival time (16 bytes a message), with an index of
+    their ids (`NodeState.ready_ids`, a 128-bit int per id) for duplicate checks;
   * its leased messages (`LocalQueue.leased`): received, invisible until acked, released
-    or expired; and its delayed ones (`LocalQueue.delayed`): nacked with a delay;
-  * the bodies and per-message delivery state, keyed by id (`NodeState.messages`);
+    or expired; and its delayed ones (`LocalQueue.delayed`): nacked with a delay; these
+    few have a `StoredMessage` each with their delivery state (`NodeState.hot`);
   * `first_uuid`: the id that created the UUID queue (ZDMQ's firstUUID).
+Bodies, content types and receive counts stay in storage, in a row per message: `apply`
+hands every op to the state's `rows` (storage), and a planner that delivers messages
+reads their rows by sequence number. A state built without storage keeps its rows in
+the process (`MemoryRows`). So a node
+holds about 100 bytes a ready message in memory, whatever its size.
 As the metadata owner of a queue (the primary of partition(queue name)) it also holds
 the queue's *metadata list* (`QueueMeta.nodes`) and settings.
 
@@ -34,9 +41,10 @@ reaches the same state by asking the same question at load time.
 from __future__ import annotations
 
 import heapq
-from collections import Counter, deque
-from collections.abc import Callable
-from typing import NamedTuple
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple, Protocol
 
 from zdmq.models import QueueSettings
 
@@ -48,16 +56,23 @@ __all__ = [
     "ForgetDedup",
     "Lease",
     "LocalQueue",
+    "MemoryRows",
+    "MessageView",
     "NodeState",
     "Op",
     "Purge",
     "Push",
     "QueueMeta",
+    "ReadyQueue",
     "Register",
     "Remove",
     "Requeue",
+    "Row",
+    "Rows",
     "StoredMessage",
+    "Taken",
     "Unregister",
+    "id_key",
 ]
 
 
@@ -182,10 +197,89 @@ Op = (
 
 
 # ---- state -----------------------------------------------------------------------------
+class Row(NamedTuple):
+    """What a node's storage keeps of a message beside its place in the queues."""
+
+    id: str
+    body: bytes
+    content_type: str | None
+    receive_count: int
+
+
+class Rows(Protocol):
+    """Where a state's message rows live: storage (SqliteStorage), or the process."""
+
+    def read(self, seqs: Sequence[int]) -> dict[int, Row]:
+        """The rows of messages `seqs`, by sequence number (missing ones left out)."""
+
+    def write(self, op: Op) -> None:
+        """Takes every op the state applies, in order."""
+
+
+class Taken(NamedTuple):
+    """A message a planner took off a ready queue: popped, or leased under `token`."""
+
+    id: str
+    body: bytes
+    content_type: str | None
+    receive_count: int
+    token: str | None = None
+
+
+def id_key(mid: str) -> int | str:
+    """The key of a message id in the index of ready messages.
+
+    A node only stores canonical UUIDs (it checks them first), kept as their 128-bit
+    number: 48 bytes instead of an 85-byte string. Other strings (unit tests name
+    their messages "a", "b") are kept as they are.
+    """
+    if len(mid) == 36:
+        try:
+            return int(mid.replace("-", ""), 16)
+        except ValueError:
+            pass
+    return mid
+
+
+class MemoryRows:
+    """The message rows of a state that has no storage behind it (`durability: memory`
+    and unit tests): kept in the process and changed by the same ops."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, Row] = {}
+
+    def read(self, seqs: Sequence[int]) -> dict[int, Row]:
+        rows = self._rows
+        return {seq: rows[seq] for seq in seqs if seq in rows}
+
+    def write(self, op: Op) -> None:
+        rows, kind = self._rows, type(op)
+        if kind is Push:
+            assert isinstance(op, Push)
+            rows[op.seq] = Row(op.id, op.body, op.content_type, 0)
+        elif kind is Remove:
+            assert isinstance(op, Remove)
+            rows.pop(op.seq, None)
+        elif kind is Lease:
+            assert isinstance(op, Lease)
+            rows[op.seq] = rows[op.seq]._replace(receive_count=op.receive_count)
+        elif kind is Requeue:
+            assert isinstance(op, Requeue)
+            rows[op.new_seq] = rows.pop(op.seq)
+        elif kind is DeadLetter:
+            assert isinstance(op, DeadLetter)
+            rows[op.new_seq] = rows.pop(op.seq)._replace(receive_count=0)
+        elif kind is Purge:
+            assert isinstance(op, Purge)
+            for seq in op.seqs:
+                rows.pop(seq, None)
+
+
 class StoredMessage:
+    """A message that is not ready: leased, or waiting out a delay. Its body stays in
+    storage; ready messages have no object at all (see ReadyQueue)."""
+
     __slots__ = (
-        "body",
-        "content_type",
         "enqueued_at",
         "lease",
         "lease_until",
@@ -196,35 +290,88 @@ class StoredMessage:
         "visible_at",
     )
 
-    def __init__(
-        self,
-        queue: str,
-        seq: int,
-        body: bytes,
-        content_type: str | None,
-        enqueued_at: float = 0.0,
-    ) -> None:
+    def __init__(self, queue: str, seq: int, enqueued_at: float, receive_count: int) -> None:
         self.queue = queue
         self.seq = seq
-        self.body = body
-        self.content_type = content_type
         self.enqueued_at = enqueued_at
-        self.receive_count = 0
+        self.receive_count = receive_count
         self.lease: str | None = None  # the current lease's token
         self.lease_until = 0.0
         self.visible_at = 0.0
         self.origin: str | None = None  # the queue it was dead-lettered from
 
 
+class ReadyQueue:
+    """The ready messages of one UUID queue in order, as two flat arrays: sequence
+    number and enqueued_at, 16 bytes a message. The head moves forward; the arrays are
+    trimmed once it has passed half of them."""
+
+    __slots__ = ("_head", "seqs", "times")
+
+    def __init__(self) -> None:
+        self.seqs = array("q")
+        self.times = array("d")
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self.seqs) - self._head
+
+    def __bool__(self) -> bool:
+        return len(self.seqs) > self._head
+
+    def __iter__(self) -> Iterator[int]:
+        """The sequence numbers, head first (a copy: callers may change the queue)."""
+        return iter(self.seqs[self._head :])
+
+    def at(self, i: int) -> tuple[int, float]:
+        """(seq, enqueued_at) of the i-th message from the head."""
+        j = self._head + i
+        return self.seqs[j], self.times[j]
+
+    def append(self, seq: int, enqueued_at: float) -> None:
+        self.seqs.append(seq)
+        self.times.append(enqueued_at)
+
+    def remove(self, seq: int) -> float:
+        """Takes `seq` out (at the head in O(1), elsewhere in O(n)); its enqueued_at."""
+        h, seqs = self._head, self.seqs
+        if h < len(seqs) and seqs[h] == seq:
+            t = self.times[h]
+            self._head = h + 1
+            if self._head == len(seqs):
+                self.seqs, self.times, self._head = array("q"), array("d"), 0
+            elif self._head >= 1024 and self._head * 2 >= len(seqs):
+                del seqs[: self._head]
+                del self.times[: self._head]
+                self._head = 0
+            return t
+        i = seqs.index(seq, h)
+        t = self.times[i]
+        del seqs[i]
+        del self.times[i]
+        return t
+
+
 class LocalQueue:
     """This node's UUID queue of one queue, with its leased and delayed messages."""
 
-    __slots__ = ("delayed", "first_uuid", "ids", "incarnation", "leased", "registered")
+    __slots__ = (
+        "delayed",
+        "first_uuid",
+        "incarnation",
+        "leased",
+        "origins",
+        "ready",
+        "registered",
+    )
 
     def __init__(self) -> None:
-        self.ids: deque[str] = deque()  # ready, in arrival order
+        self.ready = ReadyQueue()
         self.leased: set[str] = set()
         self.delayed: set[str] = set()
+        # The queue each ready message came from, for the ready ones that were
+        # dead-lettered into this queue (seq -> origin); empty but in DLQs.
+        self.origins: dict[int, str] = {}
         self.first_uuid: str | None = None
         # Whether the metadata owner is known to list this node for the queue, and
         # under which incarnation of the queue. Runtime knowledge, not persisted: after
@@ -234,7 +381,7 @@ class LocalQueue:
 
     def holds(self) -> int:
         """Every message of the queue on this node, visible or not."""
-        return len(self.ids) + len(self.leased) + len(self.delayed)
+        return len(self.ready) + len(self.leased) + len(self.delayed)
 
 
 class QueueMeta:
@@ -253,15 +400,37 @@ class QueueMeta:
         self.nodes: dict[str, str] = {}
 
 
+class MessageView(NamedTuple):
+    """Everything about one stored message, for tests and diagnostics (`NodeState.find`)."""
+
+    queue: str
+    seq: int
+    body: bytes
+    content_type: str | None
+    enqueued_at: float
+    receive_count: int
+    lease: str | None
+    lease_until: float
+    visible_at: float
+    origin: str | None
+
+
 # A planner's verdict on one receipt.
 ACKED = "ok"
 LEASE_EXPIRED = "lease_expired"
 
 
 class NodeState:
-    def __init__(self) -> None:
+    """The queues of one node. `rows` is where message rows live: `apply` hands it every
+    op, and planners read the rows of the messages they deliver from it. Without it the
+    state keeps its rows in the process (MemoryRows)."""
+
+    def __init__(self, rows: Rows | None = None) -> None:
         self.queues: dict[str, LocalQueue] = {}
-        self.messages: dict[str, StoredMessage] = {}
+        # Messages that are not ready (leased or delayed), by id.
+        self.hot: dict[str, StoredMessage] = {}
+        # Ready messages: id key -> queue (their order is in each queue's ReadyQueue).
+        self.ready_ids: dict[int | str, str] = {}
         self.meta: dict[str, QueueMeta] = {}
         # Dedup records: id -> (queue, until), with a heap to forget them in time order.
         self.dedup: dict[str, tuple[str, float]] = {}
@@ -270,11 +439,12 @@ class NodeState:
         # the message no longer matches is stale and skipped.
         self._lease_timers: list[tuple[float, str, str]] = []
         self._delay_timers: list[tuple[float, int, str]] = []
-        # Ready messages being restored: (ready_at, seq, queue, id); see finish_restore.
-        self._restoring: list[tuple[float, int, str, str]] = []
+        # Ready messages being restored: (ready_at, seq, queue, enqueued_at, origin).
+        self._restoring: list[tuple[float, int, str, float, str | None]] = []
         # Messages held in dead-letter queues, by the queue they came from.
         self.dead_lettered: Counter[str] = Counter()
         self.next_seq = 1
+        self.rows: Rows = rows if rows is not None else MemoryRows()
 
     # ---- the one mutation entry point --------------------------------------------------
     def apply(self, op: Op) -> None:
@@ -284,10 +454,8 @@ class NodeState:
             lq = self._local(op.queue)
             if not lq.holds():
                 lq.first_uuid = op.id
-            lq.ids.append(op.id)
-            self.messages[op.id] = StoredMessage(
-                op.queue, op.seq, op.body, op.content_type, op.enqueued_at
-            )
+            lq.ready.append(op.seq, op.enqueued_at)
+            self.ready_ids[id_key(op.id)] = op.queue
             if op.dedup_until > 0:
                 self.dedup[op.id] = (op.queue, op.dedup_until)
                 heapq.heappush(self._dedup_heap, (op.dedup_until, op.id))
@@ -295,21 +463,20 @@ class NodeState:
                 self.next_seq = op.seq + 1
         elif kind is Lease:
             assert isinstance(op, Lease)
-            m = self.messages[op.id]
             lq = self.queues[op.queue]
-            self._unlink(lq, op.id, m)
+            m = self._heat(lq, op.queue, op.id, op.seq)  # a lease takes a ready message
             lq.leased.add(op.id)
             m.lease, m.lease_until, m.receive_count = op.token, op.until, op.receive_count
             heapq.heappush(self._lease_timers, (op.until, op.id, op.token))
         elif kind is Extend:
             assert isinstance(op, Extend)
-            m = self.messages[op.id]
+            m = self.hot[op.id]
             assert m.lease is not None
             m.lease_until = op.until
             heapq.heappush(self._lease_timers, (op.until, op.id, m.lease))
         elif kind is Requeue:
             assert isinstance(op, Requeue)
-            m = self.messages[op.id]
+            m = self.hot[op.id]
             lq = self.queues[op.queue]
             self._unlink(lq, op.id, m)
             m.lease, m.lease_until, m.visible_at = None, 0.0, op.visible_at
@@ -318,32 +485,42 @@ class NodeState:
             heapq.heappush(self._delay_timers, (op.visible_at, op.new_seq, op.id))
         elif kind is DeadLetter:
             assert isinstance(op, DeadLetter)
-            m = self.messages[op.id]
+            m = self.hot.pop(op.id)
             self._unlink(self.queues[op.queue], op.id, m)
             self._forget_if_empty(op.queue)
-            self._origin_gone(m)
-            m.queue, m.origin = op.dlq, op.queue
-            m.receive_count, m.lease, m.lease_until, m.visible_at = 0, None, 0.0, 0.0
-            m.enqueued_at = op.moved_at
+            self._origin_gone(m.origin)
             self._resequence(m, op.new_seq)
             self.dead_lettered[op.queue] += 1
             dlq = self._local(op.dlq)
             if not dlq.holds():
                 dlq.first_uuid = op.id
-            dlq.ids.append(op.id)
+            dlq.ready.append(op.new_seq, op.moved_at)
+            dlq.origins[op.new_seq] = op.queue
+            self.ready_ids[id_key(op.id)] = op.dlq
         elif kind is Remove:
             assert isinstance(op, Remove)
-            m = self.messages.pop(op.id)
-            self._unlink(self.queues[op.queue], op.id, m)
-            self._origin_gone(m)
+            lq = self.queues[op.queue]
+            gone = self.hot.pop(op.id, None)
+            if gone is None:
+                del self.ready_ids[id_key(op.id)]
+                lq.ready.remove(op.seq)
+                self._origin_gone(lq.origins.pop(op.seq, None))
+            else:
+                self._unlink(lq, op.id, gone)
+                self._origin_gone(gone.origin)
         elif kind is Purge:
             assert isinstance(op, Purge)
-            gone = self.queues.pop(op.queue, None)
-            if gone is not None:
-                for mid in (*gone.ids, *gone.leased, *gone.delayed):
-                    held = self.messages.pop(mid, None)
+            purged = self.queues.pop(op.queue, None)
+            if purged is not None:
+                for mid in (*purged.leased, *purged.delayed):
+                    held = self.hot.pop(mid, None)
                     if held is not None:
-                        self._origin_gone(held)
+                        self._origin_gone(held.origin)
+                for origin in purged.origins.values():
+                    self._origin_gone(origin)
+                if purged.ready:
+                    # One pass over the index: a purge is rare, ready messages are many.
+                    self.ready_ids = {k: q for k, q in self.ready_ids.items() if q != op.queue}
             for mid in [k for k, (q, _) in self.dedup.items() if q == op.queue]:
                 del self.dedup[mid]
         elif kind is ForgetDedup:
@@ -370,6 +547,24 @@ class NodeState:
             self.meta.pop(op.queue, None)
         else:  # pragma: no cover - programmer error
             raise AssertionError(f"unknown op {op!r}")
+        self.rows.write(op)
+
+    def _heat(self, lq: LocalQueue, queue: str, mid: str, seq: int) -> StoredMessage:
+        """Takes a ready message out of its ready queue into `hot` (it leaves ready)."""
+        del self.ready_ids[id_key(mid)]
+        enqueued_at = lq.ready.remove(seq)
+        m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, 0)
+        m.origin = lq.origins.pop(seq, None)
+        return m
+
+    def _cool(self, lq: LocalQueue, mid: str, m: StoredMessage) -> None:
+        """A delayed message becomes ready: it leaves `hot` for the ready queue."""
+        del self.hot[mid]
+        lq.delayed.discard(mid)
+        lq.ready.append(m.seq, m.enqueued_at)
+        if m.origin is not None:
+            lq.origins[m.seq] = m.origin
+        self.ready_ids[id_key(mid)] = m.queue
 
     def _resequence(self, m: StoredMessage, new_seq: int) -> None:
         m.seq = new_seq
@@ -384,32 +579,31 @@ class NodeState:
 
     @staticmethod
     def _unlink(lq: LocalQueue, mid: str, m: StoredMessage) -> None:
-        """Takes a message out of whichever of ready / leased / delayed holds it."""
+        """Takes a message that is not ready out of leased / delayed."""
         if m.lease is not None:
             lq.leased.discard(mid)
-        elif mid in lq.delayed:
-            lq.delayed.discard(mid)
-        elif lq.ids and lq.ids[0] == mid:
-            lq.ids.popleft()
         else:
-            lq.ids.remove(mid)
+            lq.delayed.discard(mid)
 
     def _forget_if_empty(self, queue: str) -> None:
         lq = self.queues.get(queue)
         if lq is not None and not lq.holds():
             lq.first_uuid = None
 
-    def _origin_gone(self, m: StoredMessage) -> None:
-        if m.origin is not None:
-            self.dead_lettered[m.origin] -= 1
-            if self.dead_lettered[m.origin] <= 0:
-                del self.dead_lettered[m.origin]
+    def _origin_gone(self, origin: str | None) -> None:
+        if origin is not None:
+            self.dead_lettered[origin] -= 1
+            if self.dead_lettered[origin] <= 0:
+                del self.dead_lettered[origin]
 
     # ---- restore (storage replays a row per message) ----------------------------------------
     def restore(
         self,
-        push: Push,
+        queue: str,
+        mid: str,
+        seq: int,
         *,
+        enqueued_at: float,
         receive_count: int,
         lease: str | None,
         lease_until: float,
@@ -417,32 +611,34 @@ class NodeState:
         origin: str | None,
         now: float,
     ) -> None:
-        """Rebuilds one stored message and its delivery state, as of `now`.
+        """Rebuilds one stored message's place and delivery state, as of `now` (its
+        body stays in storage).
 
         Call `finish_restore` after the last one: it queues the ready messages up.
         """
-        lq = self._local(push.queue)
+        lq = self._local(queue)
         if lq.first_uuid is None:  # the oldest message it holds
-            lq.first_uuid = push.id
-        m = StoredMessage(push.queue, push.seq, push.body, push.content_type, push.enqueued_at)
-        m.receive_count, m.origin = receive_count, origin
-        self.messages[push.id] = m
+            lq.first_uuid = mid
         if origin is not None:
             self.dead_lettered[origin] += 1
-        if lease is not None:
-            m.lease, m.lease_until = lease, lease_until
-            lq.leased.add(push.id)
-            heapq.heappush(self._lease_timers, (lease_until, push.id, lease))
-        elif visible_at > now:
-            m.visible_at = visible_at
-            lq.delayed.add(push.id)
-            heapq.heappush(self._delay_timers, (visible_at, push.seq, push.id))
+        if lease is not None or visible_at > now:
+            m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, receive_count)
+            m.origin = origin
+            if lease is not None:
+                m.lease, m.lease_until = lease, lease_until
+                lq.leased.add(mid)
+                heapq.heappush(self._lease_timers, (lease_until, mid, lease))
+            else:
+                m.visible_at = visible_at
+                lq.delayed.add(mid)
+                heapq.heappush(self._delay_timers, (visible_at, seq, mid))
         else:
             # A message is ready from its push, or from the end of its last delay.
-            ready_at = visible_at if visible_at > 0 else push.enqueued_at
-            self._restoring.append((ready_at, push.seq, push.queue, push.id))
-        if push.seq >= self.next_seq:
-            self.next_seq = push.seq + 1
+            ready_at = visible_at if visible_at > 0 else enqueued_at
+            self._restoring.append((ready_at, seq, queue, enqueued_at, origin))
+            self.ready_ids[id_key(mid)] = queue
+        if seq >= self.next_seq:
+            self.next_seq = seq + 1
 
     def finish_restore(self) -> None:
         """Queues restored ready messages in the order they became ready.
@@ -454,8 +650,12 @@ class NodeState:
         at the same moment seq is the order they joined in. Sorting by (that moment, seq)
         rebuilds the live order.
         """
-        for _, _, queue, mid in sorted(self._restoring):
-            self.queues[queue].ids.append(mid)
+        self._restoring.sort()
+        for _, seq, queue, enqueued_at, origin in self._restoring:
+            lq = self.queues[queue]
+            lq.ready.append(seq, enqueued_at)
+            if origin is not None:
+                lq.origins[seq] = origin
         self._restoring.clear()
 
     def restore_dedup(self, mid: str, queue: str, until: float) -> None:
@@ -463,9 +663,16 @@ class NodeState:
         heapq.heappush(self._dedup_heap, (until, mid))
 
     # ---- planners: decide, apply, and return the ops to persist --------------------------
+    def holder(self, mid: str) -> str | None:
+        """The queue that holds message `mid` on this node, or None."""
+        m = self.hot.get(mid)
+        if m is not None:
+            return m.queue
+        return self.ready_ids.get(id_key(mid))
+
     def is_duplicate(self, mid: str, now: float) -> bool:
         """Whether a push of `mid` repeats one already stored or inside its dedup window."""
-        if mid in self.messages:
+        if mid in self.hot or id_key(mid) in self.ready_ids:
             return True
         rec = self.dedup.get(mid)
         return rec is not None and rec[1] > now
@@ -480,7 +687,7 @@ class NodeState:
         now: float = 0.0,
         dedup_window_s: float = 0.0,
     ) -> Push:
-        assert msg_id not in self.messages, "caller checks for a duplicate id"
+        assert self.holder(msg_id) is None, "caller checks for a duplicate id"
         self.wake(now)  # what became ready before now queues ahead of this message
         dedup_until = now + dedup_window_s if dedup_window_s > 0 else 0.0
         op = Push(queue, msg_id, self.next_seq, body, content_type, now, dedup_until)
@@ -488,44 +695,69 @@ class NodeState:
         return op
 
     def _take_ready(
-        self, queue: str, limit: int, now: float, retention_s: float | None, ops: list[Op]
-    ) -> list[tuple[str, StoredMessage]]:
-        """Up to `limit` ready messages from the head; drops those past retention."""
+        self,
+        queue: str,
+        limit: int,
+        now: float,
+        retention_s: float | None,
+        ops: list[Op],
+        deliver: Callable[[int, Row], tuple[Op, Taken]],
+    ) -> list[Taken]:
+        """Takes up to `limit` ready messages from the head, reading their rows, and
+        drops those past retention on the way. `deliver` makes the op of each message
+        taken (this applies it) and what the caller gets."""
         lq = self.queues.get(queue)
-        out: list[tuple[str, StoredMessage]] = []
+        out: list[Taken] = []
         if lq is None:
             return out
         self.wake(now)
-        ids, messages = lq.ids, self.messages
-        oldest = now - retention_s if retention_s is not None else None
-        i = 0
-        while i < len(ids) and len(out) < limit:
-            mid = ids[i]
-            m = messages[mid]
-            if oldest is not None and m.enqueued_at < oldest:
-                op = Remove(queue, mid, m.seq)
-                self.apply(op)  # removes ids[i]; the next one slides into place
-                ops.append(op)
-                continue
-            out.append((mid, m))
+        ready = lq.ready
+        oldest = now - retention_s if retention_s is not None else -1.0
+        # Decide from the times in memory which messages go, then read their rows.
+        plan: list[tuple[int, bool]] = []  # (seq, past retention), head first
+        wanted, i, n = 0, 0, len(ready)
+        while i < n and wanted < limit:
+            seq, enqueued_at = ready.at(i)
+            expired = enqueued_at < oldest
+            plan.append((seq, expired))
+            wanted += not expired
             i += 1
+        if not plan:
+            return out
+        rows = self._rows([seq for seq, _ in plan])
+        for seq, expired in plan:  # in order: each one is at the head when applied
+            row = rows[seq]
+            if expired:
+                op: Op = Remove(queue, row.id, seq)
+            else:
+                op, taken = deliver(seq, row)
+                out.append(taken)
+            self.apply(op)
+            ops.append(op)
         return out
+
+    def _rows(self, seqs: Sequence[int]) -> dict[int, Row]:
+        rows = self.rows.read(seqs)
+        if len(rows) != len(seqs):
+            missing = [s for s in seqs if s not in rows]
+            raise AssertionError(f"storage lost the rows of ready messages {missing[:5]}")
+        return rows
 
     def pop(
         self, queue: str, limit: int, *, now: float = 0.0, retention_s: float | None = None
-    ) -> tuple[list[tuple[str, StoredMessage]], list[Op]]:
+    ) -> tuple[list[Taken], list[Op]]:
         """Removes up to `limit` ready messages from the head of this node's UUID queue.
 
         Returns the messages and every op to persist (their removals, and the removal
         of any message found past its retention on the way).
         """
+
+        def pop_one(seq: int, row: Row) -> tuple[Op, Taken]:
+            taken = Taken(row.id, row.body, row.content_type, row.receive_count)
+            return Remove(queue, row.id, seq), taken
+
         ops: list[Op] = []
-        got = self._take_ready(queue, limit, now, retention_s, ops)
-        for mid, m in got:
-            op = Remove(queue, mid, m.seq)
-            self.apply(op)
-            ops.append(op)
-        return got, ops
+        return self._take_ready(queue, limit, now, retention_s, ops, pop_one), ops
 
     def lease(
         self,
@@ -536,22 +768,22 @@ class NodeState:
         visibility_s: float,
         new_token: Callable[[], str],
         retention_s: float | None = None,
-    ) -> tuple[list[tuple[str, StoredMessage, str]], list[Op]]:
-        """Leases up to `limit` ready messages: (id, message, token) and the ops to persist."""
+    ) -> tuple[list[Taken], list[Op]]:
+        """Leases up to `limit` ready messages (each Taken carries its token) and
+        returns the ops to persist."""
+        until = now + visibility_s
+
+        def lease_one(seq: int, row: Row) -> tuple[Op, Taken]:
+            token, count = new_token(), row.receive_count + 1
+            taken = Taken(row.id, row.body, row.content_type, count, token)
+            return Lease(queue, row.id, seq, token, until, count), taken
+
         ops: list[Op] = []
-        got = self._take_ready(queue, limit, now, retention_s, ops)
-        out: list[tuple[str, StoredMessage, str]] = []
-        for mid, m in got:
-            token = new_token()
-            op = Lease(queue, mid, m.seq, token, now + visibility_s, m.receive_count + 1)
-            self.apply(op)
-            ops.append(op)
-            out.append((mid, m, token))
-        return out, ops
+        return self._take_ready(queue, limit, now, retention_s, ops, lease_one), ops
 
     def current_lease(self, queue: str, mid: str, token: str, now: float) -> StoredMessage | None:
         """The message if `token` is its lease and the lease has not run out by `now`."""
-        m = self.messages.get(mid)
+        m = self.hot.get(mid)
         if m is None or m.queue != queue or m.lease != token or m.lease_until <= now:
             return None
         return m
@@ -592,7 +824,7 @@ class NodeState:
         Past `max_receives` deliveries the message moves to `dead_letter_queue` instead
         (the caller has made sure this node is registered with it).
         """
-        m = self.messages.get(mid)
+        m = self.hot.get(mid)
         if m is None or m.queue != queue or m.lease != token:
             return None
         if expired != (m.lease_until <= now):
@@ -614,17 +846,16 @@ class NodeState:
 
     def wake(self, now: float) -> set[str]:
         """Delayed messages whose time has come become ready; returns their queues."""
-        timers, messages = self._delay_timers, self.messages
+        timers, hot = self._delay_timers, self.hot
         woken: set[str] = set()
         while timers and timers[0][0] <= now:
             when, _, mid = heapq.heappop(timers)
-            m = messages.get(mid)
+            m = hot.get(mid)
             if m is None or m.lease is not None or m.visible_at != when:
                 continue
             lq = self.queues[m.queue]
             if mid in lq.delayed:
-                lq.delayed.discard(mid)
-                lq.ids.append(mid)
+                self._cool(lq, mid, m)
                 woken.add(m.queue)
         return woken
 
@@ -634,18 +865,18 @@ class NodeState:
         Takes them off the timer heap: the monitor requeues each, or hands it back
         with `recheck` when it cannot yet.
         """
-        timers, messages = self._lease_timers, self.messages
+        timers, hot = self._lease_timers, self.hot
         out: list[tuple[str, str, str]] = []
         while timers and timers[0][0] <= now and len(out) < limit:
             when, mid, token = heapq.heappop(timers)
-            m = messages.get(mid)
+            m = hot.get(mid)
             if m is not None and m.lease == token and m.lease_until == when:
                 out.append((m.queue, mid, token))
         return out
 
     def recheck(self, mid: str) -> None:
         """Puts a leased message's expiry back on the timer heap."""
-        m = self.messages.get(mid)
+        m = self.hot.get(mid)
         if m is not None and m.lease is not None:
             heapq.heappush(self._lease_timers, (m.lease_until, mid, m.lease))
 
@@ -662,13 +893,16 @@ class NodeState:
         ops: list[Remove] = []
         if lq is None:
             return ops
-        oldest = now - retention_s
-        while lq.ids and len(ops) < limit:
-            mid = lq.ids[0]
-            m = self.messages[mid]
-            if m.enqueued_at >= oldest:
-                break
-            op = Remove(queue, mid, m.seq)
+        oldest, ready = now - retention_s, lq.ready
+        n = 0
+        while n < len(ready) and n < limit and ready.at(n)[1] < oldest:
+            n += 1
+        if n == 0:
+            return ops
+        seqs = [ready.at(i)[0] for i in range(n)]
+        rows = self._rows(seqs)
+        for seq in seqs:
+            op = Remove(queue, rows[seq].id, seq)
             self.apply(op)
             ops.append(op)
         return ops
@@ -685,12 +919,81 @@ class NodeState:
         has_dedup = any(q == queue for q, _ in self.dedup.values())
         if lq is None and not has_dedup:
             return None
-        held = (*lq.ids, *lq.leased, *lq.delayed) if lq is not None else ()
-        op = Purge(queue, tuple(self.messages[mid].seq for mid in held))
+        seqs: tuple[int, ...] = ()
+        if lq is not None:
+            hot = self.hot
+            seqs = (*lq.ready, *(hot[mid].seq for mid in (*lq.leased, *lq.delayed)))
+        op = Purge(queue, seqs)
         self.apply(op)
         return op
 
     # ---- queries ------------------------------------------------------------------------
+    def stored(self) -> int:
+        """How many messages this node stores, in every queue."""
+        return len(self.ready_ids) + len(self.hot)
+
+    def some_id(self, queue: str) -> str | None:
+        """The id of some message of `queue` on this node (its firstUUID if it has one)."""
+        lq = self.queues.get(queue)
+        if lq is None or not lq.holds():
+            return None
+        if lq.first_uuid is not None:
+            return lq.first_uuid
+        for mid in (*lq.leased, *lq.delayed):
+            return mid
+        seq = lq.ready.at(0)[0]
+        return self._rows([seq])[seq].id
+
+    def find(self, mid: str) -> MessageView | None:
+        """Everything about message `mid`: for tests and diagnostics (reads storage;
+        O(queue length) for a ready message)."""
+        m = self.hot.get(mid)
+        if m is not None:
+            row = self._rows([m.seq])[m.seq]
+            return MessageView(
+                m.queue,
+                m.seq,
+                row.body,
+                row.content_type,
+                m.enqueued_at,
+                m.receive_count,
+                m.lease,
+                m.lease_until,
+                m.visible_at,
+                m.origin,
+            )
+        queue = self.ready_ids.get(id_key(mid))
+        if queue is None:
+            return None
+        lq = self.queues[queue]
+        for i in range(len(lq.ready)):
+            seq, enqueued_at = lq.ready.at(i)
+            row = self._rows([seq])[seq]
+            if row.id == mid:
+                origin = lq.origins.get(seq)
+                return MessageView(
+                    queue,
+                    seq,
+                    row.body,
+                    row.content_type,
+                    enqueued_at,
+                    row.receive_count,
+                    None,
+                    0.0,
+                    0.0,
+                    origin,
+                )
+        raise AssertionError(f"message {mid} is indexed as ready in {queue} but is not there")
+
+    def ready_list(self, queue: str) -> list[str]:
+        """The ids of the ready messages of `queue` in order (reads storage)."""
+        lq = self.queues.get(queue)
+        if lq is None or not lq.ready:
+            return []
+        seqs = list(lq.ready)
+        rows = self._rows(seqs)
+        return [rows[seq].id for seq in seqs]
+
     def depth(self, queue: str) -> int:
         """Every message of `queue` this node holds (ready, leased or delayed)."""
         lq = self.queues.get(queue)
@@ -701,7 +1004,7 @@ class NodeState:
         if lq is None:
             ready = leased = delayed = 0
         else:
-            ready, leased, delayed = len(lq.ids), len(lq.leased), len(lq.delayed)
+            ready, leased, delayed = len(lq.ready), len(lq.leased), len(lq.delayed)
         return {
             "ready": ready,
             "in_flight": leased,

@@ -1,10 +1,15 @@
 """Durable storage of a node's operations in SQLite (WAL), with group commit.
 
-The only module that opens files. The event loop hands operations to `submit`, which
-returns a future that resolves once they are committed. The commit runs on the loop at
-its next iteration, so every operation submitted in the same iteration (and every
-request that arrived while the last commit's fsync ran) shares one transaction and one
-fsync. A reply goes out only after its future resolves.
+The only module that opens files. `NodeState.apply` hands every op it applies to
+`write`; the ops are written into the open transaction before the next read or commit.
+`submit` returns a future that resolves once they are committed. The commit runs on the
+loop at its next iteration, so every op of the same iteration (and of every request that
+arrived while the last commit's fsync ran) shares one transaction and one fsync. A reply
+goes out only after its future resolves.
+
+Message bodies live only here: the state reads the rows of the messages it delivers
+with `read`, on the same connection, so it sees what is written but not yet committed
+(a message pushed and received in one loop iteration).
 
     durability: fsync   synchronous=FULL: the WAL is fsynced at every commit
     durability: os      synchronous=OFF: written to the OS at every commit, not flushed
@@ -19,6 +24,8 @@ it cannot keep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -44,6 +51,7 @@ from zdmq.server.state import (
     Register,
     Remove,
     Requeue,
+    Row,
     Unregister,
 )
 
@@ -97,6 +105,8 @@ class Storage:
         raise NotImplementedError
 
     def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
+        """The commit of `ops`: ops the loaded state has applied (`NodeState.apply`
+        hands each one to the state's rows, which are this storage)."""
         raise NotImplementedError
 
     def barrier(self) -> asyncio.Future[None]:
@@ -137,7 +147,9 @@ class SqliteStorage(Storage):
         self._fsync = fsync
         # Opened (and loaded) on a worker thread, then written only from the event loop.
         self._conn: sqlite3.Connection | None = None
-        self._pending: list[Op] = []
+        self._unwritten: list[Op] = []  # applied, not yet written
+        self._uncommitted = 0  # ops written in the open transaction
+        self._loading = False
         self._next: asyncio.Future[None] | None = None
         self._scheduled = False  # a flush is queued on the event loop
 
@@ -155,7 +167,8 @@ class SqliteStorage(Storage):
         conn.executescript(_SCHEMA)
         _migrate(conn)
         self._conn = conn
-        state = NodeState()
+        state = NodeState(self)
+        self._loading = True  # the replay below writes nothing back
         for name, incarnation, created_at, settings in conn.execute(
             "SELECT name, incarnation, created_at, settings FROM queues"
         ):
@@ -168,12 +181,15 @@ class SqliteStorage(Storage):
                 state.apply(Register(queue, node, first_uuid))
         now = time.time()
         for row in conn.execute(
-            "SELECT seq, queue, id, content_type, body, enqueued_at, receive_count, lease, "
-            "lease_until, visible_at, origin FROM messages ORDER BY seq"
+            "SELECT seq, queue, id, enqueued_at, receive_count, lease, lease_until, "
+            "visible_at, origin FROM messages ORDER BY seq"
         ):
-            seq, queue, mid, ctype, body, enqueued_at, count, lease, until, visible, origin = row
+            seq, queue, mid, enqueued_at, count, lease, until, visible, origin = row
             state.restore(
-                Push(queue, mid, seq, bytes(body), ctype, enqueued_at),
+                queue,
+                mid,
+                seq,
+                enqueued_at=enqueued_at,
                 receive_count=count,
                 lease=lease,
                 lease_until=until,
@@ -184,19 +200,35 @@ class SqliteStorage(Storage):
         state.finish_restore()
         for mid, queue, until in conn.execute("SELECT id, queue, until FROM dedup ORDER BY until"):
             state.restore_dedup(mid, queue, until)
+        self._loading = False
         return state
 
     # ---- group commit ------------------------------------------------------------------
+    def write(self, op: Op) -> None:
+        """Takes an op the state just applied (NodeState.apply hands each one here); it
+        is written into the open transaction before the next read or commit."""
+        if self._loading:
+            return  # replaying what is on disk
+        self._unwritten.append(op)
+        if not self._scheduled:
+            # Commit on the next loop iteration: every request parsed in this one joins
+            # the same commit (group commit). Ops applied with no loop running (a
+            # script, a test) wait for the next submit.
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._scheduled = True
+            loop.call_soon(self._flush)
+
     def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
+        """The commit of `ops`, which the state has applied (and so handed to `write`)."""
         if self.failed is not None:
             raise StorageFailed(f"storage failed earlier: {self.failed}")
-        self._pending.extend(ops)
         fut = self._next
         if fut is None:
             fut = self._next = asyncio.get_running_loop().create_future()
         if not self._scheduled:
-            # Flush on the next loop iteration: every request parsed in this one joins
-            # the same commit (group commit).
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
         return fut
@@ -204,61 +236,107 @@ class SqliteStorage(Storage):
     def barrier(self) -> asyncio.Future[None]:
         if self.failed is not None:
             raise StorageFailed(f"storage failed earlier: {self.failed}")
-        if self._pending and self._next is not None:
-            return self._next
+        if self._unwritten or (self._conn is not None and self._conn.in_transaction):
+            return self.submit(())
         # Commits run to completion on the loop: nothing else is half-written.
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
 
-    def _flush(self) -> None:
-        """Commits everything pending, on the event loop itself, fsync included
-        (docs/design.md §8): requests that arrive meanwhile wait in their sockets and
-        join the next commit, and no thread hand-off is paid for."""
-        self._scheduled = False
-        if not self._pending or self.failed is not None:
+    def _drain(self) -> None:
+        """Writes the ops taken so far into the open transaction (one executemany per
+        run of ops of one kind)."""
+        if not self._unwritten or self.failed is not None:
             return
-        ops, fut = self._pending, self._next
-        self._pending, self._next = [], None
-        assert fut is not None
-        try:
-            self._write(ops)
-        except Exception as e:  # the disk refused: memory and disk now disagree
-            self.failed = f"{type(e).__name__}: {e}"
-            log.critical("storage commit failed, refusing further writes: %s", self.failed)
-            fut.set_exception(StorageFailed(self.failed))
-            fut.exception()  # retrieved: a caller may have gone
-            return
-        self.commits += 1
-        self.ops_written += len(ops)
-        fut.set_result(None)
-
-    def _write(self, ops: list[Op]) -> None:
+        ops, self._unwritten = self._unwritten, []
         conn = self._conn
         assert conn is not None
-        conn.execute("BEGIN")
         try:
+            if not conn.in_transaction:
+                conn.execute("BEGIN")
             i, n = 0, len(ops)
             while i < n:
-                # Consecutive ops of one kind go in one executemany.
                 kind = type(ops[i])
                 j = i + 1
                 while j < n and type(ops[j]) is kind:
                     j += 1
                 _WRITERS[kind](conn, ops[i:j])
                 i = j
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        except Exception as e:  # the disk refused: memory and disk now disagree
+            self._fail(e)
+            raise StorageFailed(self.failed or "") from e
+        self._uncommitted += len(ops)
+
+    def _flush(self) -> None:
+        """Commits the open transaction on the event loop itself, fsync included
+        (docs/design.md §8): requests that arrive meanwhile wait in their sockets and
+        join the next commit, and no thread hand-off is paid for."""
+        self._scheduled = False
+        if self.failed is not None:
+            return
+        try:
+            self._drain()
+        except StorageFailed:
+            return
+        conn = self._conn
+        assert conn is not None
+        if conn.in_transaction:
+            try:
+                conn.execute("COMMIT")
+            except Exception as e:
+                self._fail(e)
+                return
+            self.commits += 1
+            self.ops_written += self._uncommitted
+            self._uncommitted = 0
+        fut, self._next = self._next, None
+        if fut is not None:
+            fut.set_result(None)
+
+    def _fail(self, e: Exception) -> None:
+        """A write or commit failed: everything since the last commit is lost on disk
+        while memory has it, so storage refuses every later write."""
+        self.failed = f"{type(e).__name__}: {e}"
+        log.critical("storage commit failed, refusing further writes: %s", self.failed)
+        conn = self._conn
+        if conn is not None and conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+                conn.execute("ROLLBACK")
+        fut, self._next = self._next, None
+        if fut is not None:
+            fut.set_exception(StorageFailed(self.failed))
+            fut.exception()  # retrieved: a caller may have gone
+
+    def read(self, seqs: Sequence[int]) -> dict[int, Row]:
+        """The rows of messages `seqs` (those that exist), committed or not."""
+        self._drain()
+        conn = self._conn
+        assert conn is not None
+        out: dict[int, Row] = {}
+        for i in range(0, len(seqs), _READ_CHUNK):
+            chunk = seqs[i : i + _READ_CHUNK]
+            for seq, mid, body, ctype, count in conn.execute(_select_rows(len(chunk)), chunk):
+                out[seq] = Row(mid, body, ctype, count)
+        return out
 
     async def close(self) -> None:
-        if self._pending and self.failed is None:
+        if self.failed is None:
             self._flush()
         if self._conn is not None:
             conn = self._conn
             self._conn = None
             conn.close()
+
+
+_READ_CHUNK = 500  # sequence numbers per SELECT (SQLite allows 32,766 parameters)
+
+
+@functools.lru_cache(maxsize=64)
+def _select_rows(n: int) -> str:
+    if n == 1:
+        return "SELECT seq, id, body, content_type, receive_count FROM messages WHERE seq = ?"
+    marks = ",".join("?" * n)
+    return f"SELECT seq, id, body, content_type, receive_count FROM messages WHERE seq IN ({marks})"
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
