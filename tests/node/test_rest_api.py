@@ -224,6 +224,18 @@ async def test_pushing_the_same_id_twice_stores_it_once(http: Http) -> None:
     assert (m["id"], m["body"]) == (mid, "x")
 
 
+async def test_one_id_twice_in_one_batch_is_stored_once(http: Http) -> None:
+    await _create(http, "jobs")
+    mid = str(uuid.uuid4())
+    messages = [{"id": mid, "body": "first"}, {"body": "other"}, {"id": mid, "body": "again"}]
+    resp = await http.post("/v1/queues/jobs/batch", json={"messages": messages})
+    assert resp.status == 201
+    reply = await resp.json()
+    assert reply["duplicates"] == 1 and reply["ids"][0] == reply["ids"][2] == mid
+    got = await _pop_many(http, "jobs", 10)
+    assert [(m["id"], m["body"]) for m in got] == [(mid, "first"), (reply["ids"][1], "other")]
+
+
 async def test_a_body_pushed_without_a_content_type_pops_as_octet_stream(http: Http) -> None:
     await _create(http, "jobs")
     resp = await http.post(

@@ -340,6 +340,7 @@ class Node:
         limit = settings.max_message_bytes
         now = time.time()
         # Check the whole batch before changing anything: a refused batch stores nothing.
+        holders: list[str | None] = []
         for item in items:
             if limit is not None and len(item.body) > limit:
                 raise MessageTooLarge(
@@ -349,14 +350,21 @@ class Node:
             holder = state.holder(item.id)
             if holder is not None and holder != queue and not item.dedup:
                 raise MessageIdConflict(f"message id {item.id} is in use by another queue")
+            holders.append(holder)
         was_empty = not lq.ready
         ops: list[Op] = []
         duplicate: list[bool] = []
-        for item in items:
-            if state.is_duplicate(item.id, now) if item.dedup else state.holder(item.id):
+        stored: set[str] = set()  # the same id twice in one batch is stored once
+        for item, holder in zip(items, holders, strict=True):
+            if (
+                holder is not None
+                or item.id in stored
+                or (item.dedup and state.in_dedup_window(item.id, now))
+            ):
                 duplicate.append(True)  # a retry or the same id twice: store it once
                 continue
             duplicate.append(False)
+            stored.add(item.id)
             window = settings.dedup_window_s if item.dedup else 0.0
             ops.append(
                 state.push(

@@ -672,8 +672,10 @@ class NodeState:
 
     def is_duplicate(self, mid: str, now: float) -> bool:
         """Whether a push of `mid` repeats one already stored or inside its dedup window."""
-        if mid in self.hot or id_key(mid) in self.ready_ids:
-            return True
+        return self.holder(mid) is not None or self.in_dedup_window(mid, now)
+
+    def in_dedup_window(self, mid: str, now: float) -> bool:
+        """Whether a dedup record still keeps `mid` (stored or gone)."""
         rec = self.dedup.get(mid)
         return rec is not None and rec[1] > now
 
@@ -687,7 +689,7 @@ class NodeState:
         now: float = 0.0,
         dedup_window_s: float = 0.0,
     ) -> Push:
-        assert self.holder(msg_id) is None, "caller checks for a duplicate id"
+        # The caller has checked that `msg_id` is not stored (holder / is_duplicate).
         self.wake(now)  # what became ready before now queues ahead of this message
         dedup_until = now + dedup_window_s if dedup_window_s > 0 else 0.0
         op = Push(queue, msg_id, self.next_seq, body, content_type, now, dedup_until)
