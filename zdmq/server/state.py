@@ -306,26 +306,26 @@ class ReadyQueue:
     number and enqueued_at, 16 bytes a message. The head moves forward; the arrays are
     trimmed once it has passed half of them."""
 
-    __slots__ = ("_head", "seqs", "times")
+    __slots__ = ("head", "seqs", "times")
 
     def __init__(self) -> None:
         self.seqs = array("q")
         self.times = array("d")
-        self._head = 0
+        self.head = 0  # the index in the arrays of the first message
 
     def __len__(self) -> int:
-        return len(self.seqs) - self._head
+        return len(self.seqs) - self.head
 
     def __bool__(self) -> bool:
-        return len(self.seqs) > self._head
+        return len(self.seqs) > self.head
 
     def __iter__(self) -> Iterator[int]:
         """The sequence numbers, head first (a copy: callers may change the queue)."""
-        return iter(self.seqs[self._head :])
+        return iter(self.seqs[self.head :])
 
     def at(self, i: int) -> tuple[int, float]:
         """(seq, enqueued_at) of the i-th message from the head."""
-        j = self._head + i
+        j = self.head + i
         return self.seqs[j], self.times[j]
 
     def append(self, seq: int, enqueued_at: float) -> None:
@@ -334,16 +334,16 @@ class ReadyQueue:
 
     def remove(self, seq: int) -> float:
         """Takes `seq` out (at the head in O(1), elsewhere in O(n)); its enqueued_at."""
-        h, seqs = self._head, self.seqs
+        h, seqs = self.head, self.seqs
         if h < len(seqs) and seqs[h] == seq:
             t = self.times[h]
-            self._head = h + 1
-            if self._head == len(seqs):
-                self.seqs, self.times, self._head = array("q"), array("d"), 0
-            elif self._head >= 1024 and self._head * 2 >= len(seqs):
-                del seqs[: self._head]
-                del self.times[: self._head]
-                self._head = 0
+            self.head = h + 1
+            if self.head == len(seqs):
+                self.seqs, self.times, self.head = array("q"), array("d"), 0
+            elif self.head >= 1024 and self.head * 2 >= len(seqs):
+                del seqs[: self.head]
+                del self.times[: self.head]
+                self.head = 0
             return t
         i = seqs.index(seq, h)
         t = self.times[i]
@@ -714,18 +714,16 @@ class NodeState:
             return out
         self.wake(now)
         ready = lq.ready
-        oldest = now - retention_s if retention_s is not None else -1.0
-        # Decide from the times in memory which messages go, then read their rows.
-        plan: list[tuple[int, bool]] = []  # (seq, past retention), head first
-        wanted, i, n = 0, 0, len(ready)
-        while i < n and wanted < limit:
-            seq, enqueued_at = ready.at(i)
-            expired = enqueued_at < oldest
-            plan.append((seq, expired))
-            wanted += not expired
-            i += 1
-        if not plan:
+        head, end = ready.head, len(ready.seqs)
+        if head == end:
             return out
+        # Decide from the times in memory which messages go, then read their rows.
+        stop = min(end, head + limit)
+        oldest = now - retention_s if retention_s is not None else None
+        if oldest is None or min(ready.times[head:stop]) >= oldest:
+            plan = [(seq, False) for seq in ready.seqs[head:stop]]  # nothing to drop
+        else:
+            plan = self._plan_with_retention(ready, limit, oldest)
         rows = self._rows([seq for seq, _ in plan])
         for seq, expired in plan:  # in order: each one is at the head when applied
             row = rows[seq]
@@ -737,6 +735,21 @@ class NodeState:
             self.apply(op)
             ops.append(op)
         return out
+
+    @staticmethod
+    def _plan_with_retention(
+        ready: ReadyQueue, limit: int, oldest: float
+    ) -> list[tuple[int, bool]]:
+        """(seq, past retention) from the head until `limit` are not past it."""
+        plan: list[tuple[int, bool]] = []
+        wanted, i, n = 0, 0, len(ready)
+        while i < n and wanted < limit:
+            seq, enqueued_at = ready.at(i)
+            expired = enqueued_at < oldest
+            plan.append((seq, expired))
+            wanted += not expired
+            i += 1
+        return plan
 
     def _rows(self, seqs: Sequence[int]) -> dict[int, Row]:
         rows = self.rows.read(seqs)

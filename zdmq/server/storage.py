@@ -313,10 +313,11 @@ class SqliteStorage(Storage):
         conn = self._conn
         assert conn is not None
         out: dict[int, Row] = {}
+        make = Row._make
         for i in range(0, len(seqs), _READ_CHUNK):
             chunk = seqs[i : i + _READ_CHUNK]
-            for seq, mid, body, ctype, count in conn.execute(_select_rows(len(chunk)), chunk):
-                out[seq] = Row(mid, body, ctype, count)
+            for r in conn.execute(_select_rows(len(chunk)), chunk):
+                out[r[4]] = make(r[:4])
         return out
 
     async def close(self) -> None:
@@ -333,10 +334,10 @@ _READ_CHUNK = 500  # sequence numbers per SELECT (SQLite allows 32,766 parameter
 
 @functools.lru_cache(maxsize=64)
 def _select_rows(n: int) -> str:
+    columns = "SELECT id, body, content_type, receive_count, seq FROM messages"
     if n == 1:
-        return "SELECT seq, id, body, content_type, receive_count FROM messages WHERE seq = ?"
-    marks = ",".join("?" * n)
-    return f"SELECT seq, id, body, content_type, receive_count FROM messages WHERE seq IN ({marks})"
+        return f"{columns} WHERE seq = ?"
+    return f"{columns} WHERE seq IN ({','.join('?' * n)})"
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
