@@ -18,6 +18,7 @@ connections are dropped after `idle_s`, well before a node's own keep-alive limi
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -45,6 +46,11 @@ loads = orjson.loads
 JSON_HEADERS = {"Content-Type": "application/json"}
 _MAX_HEAD = 64 * 1024
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# What `quote(path, safe=_PATH_SAFE)` leaves as it is: such a path goes on the wire unquoted.
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9/%:@!$&'()*+,;=\-._~]*")
+_monotonic = time.monotonic
 
 
 class Headers(Mapping[str, str]):
@@ -89,7 +95,15 @@ class _ProtocolError(Exception):
 
 
 class _Conn(asyncio.Protocol):
-    """One keep-alive connection; one request at a time."""
+    """One keep-alive connection; one request at a time.
+
+    A call's deadline is kept by a timer armed lazily: each call sets `deadline`, and
+    re-arms the timer only if that is earlier than the time the timer is set for; the
+    timer, when it fires, fails the call in flight if it is past its deadline, re-arms
+    itself for that call's deadline if not, and lapses if the connection is idle. So a
+    run of calls that each take far less than the timeout costs one timer per timeout
+    period, not a timer (and asyncio.timeout's task bookkeeping) per call.
+    """
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -102,6 +116,9 @@ class _Conn(asyncio.Protocol):
         self._chunks: Dechunker | None = None
         self._head_request = False
         self.keep_alive = True
+        self.deadline = 0.0  # time.monotonic() by which the current call must be answered
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -109,7 +126,8 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
-        if self._waiter is None or self._waiter.done():
+        waiter = self._waiter
+        if waiter is None or waiter.done():
             # Bytes nobody asked for: they would be read as the next call's reply.
             self.keep_alive = False
             self._fail(ConnectionResetError("unexpected bytes on an idle connection"))
@@ -120,7 +138,7 @@ class _Conn(asyncio.Protocol):
             self._fail(ConnectionResetError(f"bad reply: {e}"))
             return
         if reply is not None:
-            self._waiter.set_result(reply)
+            waiter.set_result(reply)
 
     def eof_received(self) -> bool | None:
         waiting = self._waiter is not None and not self._waiter.done()
@@ -140,18 +158,43 @@ class _Conn(asyncio.Protocol):
         self.closed = True
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(exc)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.close()
 
     # -- one exchange
-    def send(self, data: bytes, head_request: bool) -> asyncio.Future[Reply]:
+    def send(self, data: bytes, head_request: bool, deadline: float) -> asyncio.Future[Reply]:
+        """Writes a request; the future resolves to its reply, or fails with
+        TimeoutError once `deadline` (time.monotonic()) passes."""
         assert self.transport is not None
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
         self._head = None
         self._chunks = None
         self._head_request = head_request
+        self.deadline = deadline
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(deadline, self._on_timer)
+            self._timer_at = deadline
         self.transport.write(data)
-        return self._waiter
+        return waiter
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self.closed:
+            return  # idle: the next call arms a new timer
+        # A timer may fire a little early (uvloop counts in whole milliseconds): a call
+        # fails only once time.monotonic() is past its deadline.
+        if _monotonic() >= self.deadline:
+            waiter.set_exception(TimeoutError("no reply within the call's timeout"))
+        else:
+            self._timer = asyncio.get_running_loop().call_at(self.deadline, self._on_timer)
+            self._timer_at = self.deadline
 
     def _parse(self) -> Reply | None:
         buf = self._buf
@@ -161,7 +204,7 @@ class _Conn(asyncio.Protocol):
                 if len(buf) > _MAX_HEAD:
                     raise _ProtocolError("reply head too large")
                 return None
-            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            lines = buf[:end].decode("latin-1").split("\r\n")
             del buf[: end + 4]
             parts = lines[0].split(" ", 2)
             if (
@@ -179,12 +222,16 @@ class _Conn(asyncio.Protocol):
                 headers[name.strip().lower()] = value.strip()
             if 100 <= status < 200:  # 100 Continue and friends: the real reply follows
                 continue
-            conn = headers.get("connection", "").lower()
-            keep = conn != "close" if parts[0] == "HTTP/1.1" else conn == "keep-alive"
+            conn = headers.get("connection")
+            if parts[0] == "HTTP/1.1":
+                keep = conn is None or conn.lower() != "close"
+            else:
+                keep = conn is not None and conn.lower() == "keep-alive"
             self._head = (status, Headers(headers), keep)
-            if self._head_request or status in (204, 304):
+            te = headers.get("transfer-encoding")
+            if self._head_request or status == 204 or status == 304:
                 self._want = 0
-            elif "chunked" in headers.get("transfer-encoding", "").lower():
+            elif te is not None and "chunked" in te.lower():
                 self._want = -2
             elif "content-length" in headers:
                 raw = headers["content-length"]
@@ -194,12 +241,13 @@ class _Conn(asyncio.Protocol):
             else:
                 self._want = -1
         status, hdrs, keep = self._head
-        if self._want >= 0:
-            if len(buf) < self._want:
+        want = self._want
+        if want >= 0:
+            if len(buf) < want:
                 return None
-            body = bytes(buf[: self._want])
-            del buf[: self._want]
-        elif self._want == -2:
+            body = bytes(buf[:want])
+            del buf[:want]
+        elif want == -2:
             if self._chunks is None:
                 self._chunks = Dechunker(None)
             try:
@@ -295,11 +343,12 @@ class Dechunker:
 
 
 class _Host:
-    __slots__ = ("busy", "host", "idle", "port", "waiters")
+    __slots__ = ("busy", "host", "hostport", "idle", "port", "waiters")
 
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
+        self.hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # Host header
         self.idle: deque[_Conn] = deque()
         self.busy = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
@@ -329,14 +378,22 @@ class HttpPool:
             h = self._hosts[origin] = _Host(host.strip("[]"), int(port))
         return h
 
+    def _idle(self, h: _Host) -> _Conn | None:
+        """A kept-alive connection to reuse, taking a slot, or None."""
+        if h.idle:
+            now = _monotonic()
+            while h.idle:
+                conn = h.idle.pop()
+                if not conn.closed and now - conn.idle_since < self.idle_s:
+                    h.busy += 1
+                    return conn
+                _close(conn)
+        return None
+
     async def _acquire(self, h: _Host) -> _Conn:
-        now = time.monotonic()
-        while h.idle:
-            conn = h.idle.pop()
-            if not conn.closed and now - conn.idle_since < self.idle_s:
-                h.busy += 1
-                return conn
-            _close(conn)
+        conn = self._idle(h)
+        if conn is not None:
+            return conn
         while h.busy >= self.limit_per_host:
             fut = asyncio.get_running_loop().create_future()
             h.waiters.append(fut)
@@ -360,15 +417,12 @@ class HttpPool:
         h.busy -= 1
         if conn is not None:
             if conn.keep_alive and not conn.closed and not self._closed:
-                conn.idle_since = time.monotonic()
+                conn.idle_since = _monotonic()
                 h.idle.append(conn)
             else:
                 _close(conn)
-        while h.waiters:
-            fut = h.waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                break
+        if h.waiters:
+            self._release_waiter(h)
 
     async def request(
         self,
@@ -383,32 +437,36 @@ class HttpPool:
     ) -> Reply:
         if self._closed:
             raise RuntimeError("the HTTP pool is closed")
-        h = self._host(origin)
-        target = quote(path, safe="/%:@!$&'()*+,;=-._~")
+        h = self._hosts.get(origin) or self._host(origin)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = _monotonic() + timeout
+        target = path if _PLAIN_PATH.fullmatch(path) else quote(path, safe=_PATH_SAFE)
         if params:
             target += "?" + urlencode(params)
         body = data or b""
-        host = f"[{h.host}]" if ":" in h.host else h.host
-        head = [f"{method} {target} HTTP/1.1\r\nHost: {host}:{h.port}\r\n"]
-        if headers:
-            head += [f"{k}: {v}\r\n" for k, v in headers.items()]
-        if body or method in ("POST", "PUT", "PATCH"):
-            head.append(f"Content-Length: {len(body)}\r\n")
-        head.append("\r\n")
-        wire = "".join(head).encode("latin-1") + body
-        conn: _Conn | None = None
+        extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) if headers else ""
+        if body or method in _BODY_METHODS:
+            extra += f"Content-Length: {len(body)}\r\n"
+        head = f"{method} {target} HTTP/1.1\r\nHost: {h.hostport}\r\n{extra}\r\n"
+        wire = head.encode("latin-1") + body if body else head.encode("latin-1")
+        conn = self._idle(h)
+        if conn is None:
+            try:
+                async with asyncio.timeout(timeout):
+                    conn = await self._acquire(h)
+            except BaseException:
+                # A waiter woken for a slot and then timed out or cancelled passes the
+                # wake-up on, so the slot is not lost.
+                if h.waiters:
+                    self._release_waiter(h)
+                raise
         ok = False
         try:
-            async with asyncio.timeout(timeout_s if timeout_s is not None else self.timeout_s):
-                conn = await self._acquire(h)
-                reply = await conn.send(wire, method == "HEAD")
+            reply = await conn.send(wire, method == "HEAD", deadline)
             ok = True
             return reply
         finally:
-            if conn is not None:
-                self._release(h, conn if ok else _closed(conn))
-            elif not ok and h.waiters:
-                self._release_waiter(h)
+            self._release(h, conn if ok else _closed(conn))
 
     def _release_waiter(self, h: _Host) -> None:
         while h.waiters:
@@ -426,6 +484,9 @@ class HttpPool:
 
 def _close(conn: _Conn) -> None:
     conn.closed = True
+    if conn._timer is not None:
+        conn._timer.cancel()
+        conn._timer = None
     if conn.transport is not None:
         conn.transport.close()
 

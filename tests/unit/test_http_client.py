@@ -15,11 +15,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
 from tests.helpers import wait_until
-from zdmq._http import HttpPool, call
+from zdmq._http import _PATH_SAFE, _PLAIN_PATH, HttpPool, call
 from zdmq.errors import (
     BadRequest,
     ConfigError,
@@ -456,6 +457,58 @@ async def test_a_timeout_raises_node_unavailable_and_drops_the_connection() -> N
         await pool.close()
 
 
+async def test_a_shorter_timeout_on_a_reused_connection_fires_on_time() -> None:
+    # The connection's timer was armed for the first call's far deadline; the second
+    # call, on the same connection, must still fail at its own, nearer one.
+    async def stall_second(req: Received, writer: asyncio.StreamWriter) -> bool:
+        if req.target == "/never":
+            await peer.gate.wait()
+        writer.write(ok(b"fine"))
+        return True
+
+    pool = HttpPool(timeout_s=WAIT_S)
+    try:
+        async with Peer(stall_second) as peer:
+            assert await get(pool, peer.url + "/first") == b"fine"
+            t0 = time.monotonic()
+            with pytest.raises(NodeUnavailable, match="TimeoutError"):
+                async with asyncio.timeout(WAIT_S):
+                    await call(pool, "GET", peer.url + "/never", timeout_s=0.2)
+            assert 0.2 <= time.monotonic() - t0 < 1.0
+            assert [r.conn for r in peer.requests] == [1, 1]  # it was the kept connection
+    finally:
+        await pool.close()
+
+
+async def test_a_timeout_fires_on_a_connection_that_outlived_earlier_deadlines() -> None:
+    # Calls on one connection for longer than the timeout: the timer armed by the first
+    # call comes due while later calls run, and must re-arm for the call in flight
+    # rather than fail it early or forget it.
+    async def stall_last(req: Received, writer: asyncio.StreamWriter) -> bool:
+        if req.target == "/never":
+            await peer.gate.wait()
+        writer.write(ok(b"fine"))
+        return True
+
+    timeout_s = 0.2
+    pool = HttpPool(timeout_s=timeout_s)
+    try:
+        async with Peer(stall_last) as peer:
+            t_first = time.monotonic()
+            calls = 0
+            while time.monotonic() - t_first < 1.5 * timeout_s and calls < 100_000:
+                assert await get(pool, peer.url + "/quick") == b"fine"
+                calls += 1
+            t0 = time.monotonic()
+            with pytest.raises(NodeUnavailable, match="TimeoutError"):
+                async with asyncio.timeout(WAIT_S):
+                    await call(pool, "GET", peer.url + "/never")
+            assert timeout_s <= time.monotonic() - t0 < 1.0
+            assert {r.conn for r in peer.requests} == {1}
+    finally:
+        await pool.close()
+
+
 async def test_connection_refused_raises_node_unavailable(pool: HttpPool) -> None:
     # A bound socket that does not listen: connecting to it is refused, and nothing else
     # can take the port while we hold it.
@@ -598,6 +651,15 @@ async def test_path_and_query_params_are_quoted_on_the_wire(pool: HttpPool) -> N
     ]
     host = peer.url.removeprefix("http://")
     assert all(r.headers["host"] == host for r in peer.requests)
+
+
+def test_paths_that_need_no_quoting_are_sent_as_quote_would_send_them() -> None:
+    # The pool skips urllib's quote for paths it would leave alone; that shortcut must
+    # agree with quote on every character, ASCII or not.
+    for code in [*range(0x250), 0x2028, 0xFEFF, 0x1F600]:
+        path = "/v1/queues/q" + chr(code) + "/messages"
+        plain = _PLAIN_PATH.fullmatch(path) is not None
+        assert plain == (quote(path, safe=_PATH_SAFE) == path), hex(code)
 
 
 async def test_bodies_and_headers_on_the_wire(pool: HttpPool) -> None:

@@ -9,6 +9,7 @@ routes. Every wait is bounded by `asyncio.timeout`; nothing waits on a fixed sle
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import shutil
 import socket
@@ -24,8 +25,16 @@ import pytest
 from yarl import URL
 
 from tests.helpers import wait_until
-from zdmq.errors import QueueNotFound
-from zdmq.server.http import App, Request, Response, json_response, serve_app
+from zdmq._http import Headers
+from zdmq.errors import MethodNotAllowed, QueueNotFound, RouteNotFound
+from zdmq.server.http import (
+    _ROUTE_CACHE_MAX,
+    App,
+    Request,
+    Response,
+    json_response,
+    serve_app,
+)
 
 MAX_BODY = 64 * 1024
 MAX_HEAD = 64 * 1024  # the server's limit on a request head
@@ -118,6 +127,10 @@ def make_app(seen: Seen, *, max_body: int = MAX_BODY) -> App:
         seen.done.set()
         return _reply(req, b"nobody is listening")
 
+    async def nodelay(req: Request) -> Response:
+        sock = req.transport.get_extra_info("socket")
+        return json_response({"nodelay": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)})
+
     async def on_startup(app: App) -> None:
         seen.started_up = True
 
@@ -134,6 +147,7 @@ def make_app(seen: Seen, *, max_body: int = MAX_BODY) -> App:
     app.route("GET", "/sleep", sleep)
     app.route("GET", "/wait", wait)
     app.route("GET", "/hangup", hangup)
+    app.route("GET", "/nodelay", nodelay)
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
@@ -706,6 +720,74 @@ async def test_curl_encoded_slash_stays_inside_its_segment(served: Served) -> No
     code, out, err = await curl("--path-as-is", served.url + "/q/x%2Fsub")
     assert code == 0, err
     assert orjson.loads(out) == {"route": "named", "name": "x/sub"}
+
+
+def _bare_request(app: App, method: str, path: str) -> Request:
+    return Request(app, method, path, "", Headers({}), b"", None)  # type: ignore[arg-type]
+
+
+def test_a_remembered_route_match_is_never_shared_between_requests() -> None:
+    app = make_app(Seen())
+    first = _bare_request(app, "GET", "/q/a%2Fb")
+    app.resolve(first)
+    first.match_info["name"] = "changed by a handler"
+    again = _bare_request(app, "GET", "/q/a%2Fb")
+    app.resolve(again)  # answered from what the first call matched
+    assert again.match_info == {"name": "a/b"}
+    with pytest.raises(MethodNotAllowed):
+        app.resolve(_bare_request(app, "PUT", "/q/a%2Fb"))
+
+
+def test_remembered_route_matches_are_bounded() -> None:
+    app = make_app(Seen())
+    for i in range(_ROUTE_CACHE_MAX + 10):
+        req = _bare_request(app, "GET", f"/q/n{i}/sub")
+        app.resolve(req)
+        assert req.match_info == {"name": f"n{i}"}
+        assert len(app._matched) <= _ROUTE_CACHE_MAX
+    with pytest.raises(RouteNotFound):
+        app.resolve(_bare_request(app, "GET", "/q/n1/other"))
+
+
+async def test_accepted_connections_have_nagle_turned_off(served: Served) -> None:
+    # TCP_NODELAY on every accepted connection, whatever the event loop: a reply is
+    # never held back waiting for the ack of an earlier one.
+    reader, writer = await connect(served)
+    writer.write(request("GET", "/nodelay"))
+    assert (await read_reply(reader)).json() == {"nodelay": 1}
+    writer.close()
+
+
+async def test_replies_have_a_date_and_known_or_unknown_status_lines() -> None:
+    app = App(max_body=MAX_BODY)
+
+    async def teapot(req: Request) -> Response:
+        return Response(status=int(req.query["status"]), body=b"x")
+
+    app.route("GET", "/status", teapot)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.setblocking(False)
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_app(app, sock, stop))
+    try:
+        reader, writer = await asyncio.open_connection(*sock.getsockname())
+        for status, line in [(418, b"HTTP/1.1 418 I'm a Teapot"), (299, b"HTTP/1.1 299 Unknown")]:
+            writer.write(request("GET", f"/status?status={status}"))
+            async with asyncio.timeout(WAIT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert await reader.readexactly(1) == b"x"
+            first, *rest = head.split(b"\r\n")
+            assert first == line
+            date = next(v for v in rest if v.lower().startswith(b"date: "))[6:]
+            assert date.endswith(b" GMT") and email.utils.parsedate_to_datetime(date.decode())
+        writer.close()
+    finally:
+        stop.set()
+        async with asyncio.timeout(WAIT_S):
+            await task
+        sock.close()
 
 
 async def test_204_reply_carries_no_body(served: Served) -> None:

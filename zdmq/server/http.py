@@ -23,6 +23,7 @@ import contextlib
 import email.utils
 import logging
 import re
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
@@ -49,6 +50,9 @@ log = logging.getLogger("zdmq.http")
 _MAX_HEAD = 64 * 1024
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, r.encode()) for code, r in _REASONS.items()}
+_ROUTE_CACHE_MAX = 4096  # bound on remembered `{name}` route matches (a path per queue)
+_monotonic = time.monotonic
 
 
 class Request:
@@ -143,6 +147,9 @@ class App:
         self._state: dict[str, Any] = {}
         self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
         self._exact: dict[str, dict[str, Handler]] = {}
+        # path -> (its methods, its match_info): a queue's paths come back call after
+        # call, and a dict lookup beats trying each pattern in turn. Bounded.
+        self._matched: dict[str, tuple[dict[str, Handler], dict[str, str]]] = {}
         self.on_startup: list[Callable[[App], Awaitable[None]]] = []
         self.on_cleanup: list[Callable[[App], Awaitable[None]]] = []
 
@@ -155,6 +162,7 @@ class App:
     def route(self, method: str, pattern: str, handler: Handler) -> None:
         """`pattern` like "/v1/queues/{queue}/messages": a `{name}` matches one path
         segment, handed to the handler in `request.match_info`."""
+        self._matched.clear()
         if "{" not in pattern:
             self._exact.setdefault(pattern, {})[method] = handler
             return
@@ -166,44 +174,52 @@ class App:
         self._routes.append((re.compile(regex), {method: handler}))
 
     def resolve(self, request: Request) -> Handler:
-        methods = self._exact.get(request.path)
+        path = request.path
+        methods = self._exact.get(path)
         if methods is None:
-            for compiled, candidate in self._routes:
-                m = compiled.match(request.path)
-                if m is not None:
-                    request.match_info = {k: unquote(v) for k, v in m.groupdict().items()}
-                    methods = candidate
-                    break
+            hit = self._matched.get(path)
+            if hit is None:
+                hit = self._match(path)
+            if hit is not None:
+                methods, match_info = hit
+                request.match_info = dict(match_info)
         if methods is None:
-            raise RouteNotFound(f"no route {request.method} {request.path}")
+            raise RouteNotFound(f"no route {request.method} {path}")
         handler = methods.get(request.method)
         if handler is None:
-            raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+            raise MethodNotAllowed(f"{request.method} is not allowed on {path}")
         return handler
 
-    async def handle(self, request: Request) -> Response:
-        try:
-            return await self.resolve(request)(request)
-        except ZdmqError as e:
-            return error_response(e)
-        except Exception as e:
-            log.exception("unhandled error on %s %s", request.method, request.path)
-            return error_response(InternalError(f"{type(e).__name__}: {e}"))
+    def _match(self, path: str) -> tuple[dict[str, Handler], dict[str, str]] | None:
+        for compiled, methods in self._routes:
+            m = compiled.match(path)
+            if m is not None:
+                match_info = {k: unquote(v) for k, v in m.groupdict().items()}
+                if len(self._matched) >= _ROUTE_CACHE_MAX:
+                    self._matched.clear()
+                self._matched[path] = (methods, match_info)
+                return methods, match_info
+        return None
+
+
+def _internal_error(request: Request, e: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.path)
+    return error_response(InternalError(f"{type(e).__name__}: {e}"))
 
 
 class _Date:
-    """The Date header, formatted once a second."""
+    """The Date header line, formatted once a second."""
 
     second = -1
-    value = b""
+    line = b""
 
     @classmethod
     def get(cls) -> bytes:
         now = int(time.time())
         if now != cls.second:
             cls.second = now
-            cls.value = email.utils.formatdate(now, usegmt=True).encode()
-        return cls.value
+            cls.line = b"Date: %s\r\n" % email.utils.formatdate(now, usegmt=True).encode()
+        return cls.line
 
 
 class _HttpProtocol(asyncio.Protocol):
@@ -215,7 +231,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.busy = False  # a handler is running
         self.closing = False
         self.paused = False
-        self.last_active = time.monotonic()
+        self.last_active = _monotonic()
         self.task: asyncio.Task[None] | None = None
         # The request being read: (method, target, version, headers, keep_alive).
         self.head: tuple[str, str, str, dict[str, str], bool] | None = None
@@ -226,6 +242,7 @@ class _HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.server.connections.add(self)
+        _nodelay(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -239,7 +256,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        self.last_active = time.monotonic()
+        self.last_active = _monotonic()
         if not self.busy:
             self._next()
         elif len(self.buf) > self.app.max_body + _MAX_HEAD and self.transport is not None:
@@ -252,16 +269,18 @@ class _HttpProtocol(asyncio.Protocol):
         """Parses and starts the next complete request in the buffer, if any."""
         while not self.busy and not self.closing:
             try:
-                req = self._parse()
+                parsed = self._parse()
             except _Refuse as r:
                 self._refuse(r.err, r.status)
                 return
-            if req is None:
+            if parsed is None:
                 return
             self.busy = True
-            self.task = asyncio.get_running_loop().create_task(self._run(req))
+            self.task = asyncio.get_running_loop().create_task(self._run(*parsed))
 
-    def _parse(self) -> tuple[Request, bool, str] | None:
+    def _parse(self) -> tuple[Request, bool, bool] | None:
+        """The next whole request in the buffer as (request, keep_alive, http10), or None
+        until more bytes arrive; `_Refuse` for one that must be refused."""
         buf = self.buf
         if self.head is None:
             end = buf.find(b"\r\n\r\n")
@@ -271,10 +290,8 @@ class _HttpProtocol(asyncio.Protocol):
                 if buf[:2] == b"\r\n":  # stray CRLFs between requests are allowed
                     del buf[:2]
                 return None
-            try:
-                text = bytes(buf[:end]).decode("latin-1")
-            finally:
-                del buf[: end + 4]
+            text = buf[:end].decode("latin-1")
+            del buf[: end + 4]
             lines = text.lstrip("\r\n").split("\r\n")
             parts = lines[0].split(" ")
             if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -285,13 +302,18 @@ class _HttpProtocol(asyncio.Protocol):
                 name, sep, value = line.partition(":")
                 if not sep or not name or name != name.strip():
                     raise _Refuse(BadRequest(f"bad header line {line[:100]!r}"))
-                key, value = name.lower(), value.strip()
-                if key == "content-length" and headers.get(key, value) != value:
+                key = name.lower()
+                value = value.strip()
+                if key == "content-length" and key in headers and headers[key] != value:
                     raise _Refuse(BadRequest("conflicting Content-Length headers"))
                 headers[key] = value
-            conn = headers.get("connection", "").lower()
-            keep = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-            if "chunked" in headers.get("transfer-encoding", "").lower():
+            conn = headers.get("connection")
+            if version == "HTTP/1.1":
+                keep = conn is None or conn.lower() != "close"
+            else:
+                keep = conn is not None and conn.lower() == "keep-alive"
+            te = headers.get("transfer-encoding")
+            if te is not None and "chunked" in te.lower():
                 self.want = -2
             else:
                 raw = headers.get("content-length", "0")
@@ -307,19 +329,25 @@ class _HttpProtocol(asyncio.Protocol):
                         413,
                     )
             self.head = (method, target, version, headers, keep)
+            expect = headers.get("expect")
             if (
-                headers.get("expect", "").lower() == "100-continue"
+                expect is not None
+                and expect.lower() == "100-continue"
                 and self.want != 0
-                and len(buf) == 0
+                and not buf
                 and self.transport is not None
             ):
                 self.transport.write(_CONTINUE)
         method, target, version, headers, keep = self.head
-        if self.want >= 0:
-            if len(buf) < self.want:
+        want = self.want
+        if want >= 0:
+            if len(buf) < want:
                 return None
-            body = bytes(buf[: self.want])
-            del buf[: self.want]
+            if want:
+                body = bytes(buf[:want])
+                del buf[:want]
+            else:
+                body = b""
         else:
             if self.chunks is None:
                 self.chunks = Dechunker(self.app.max_body)
@@ -339,24 +367,28 @@ class _HttpProtocol(asyncio.Protocol):
         assert self.transport is not None
         # Routes match the path as sent: "%2F" in a queue name stays inside its segment.
         req = Request(self.app, method, path, query, Headers(headers), body, self.transport)
-        return req, keep, version
+        return req, keep, version == "HTTP/1.0"
 
     # ---- replies
-    async def _run(self, parsed: tuple[Request, bool, str]) -> None:
-        req, keep, version = parsed
-        if self.server.stopping:  # no new work once the node is stopping
+    async def _run(self, req: Request, keep: bool, http10: bool) -> None:
+        server = self.server
+        if server.stopping:  # no new work once the node is stopping
             resp = error_response(NodeUnavailable("the node is stopping"))
         else:
             try:
-                resp = await self.app.handle(req)
+                resp = await self.app.resolve(req)(req)
+            except ZdmqError as e:
+                resp = error_response(e)
             except asyncio.CancelledError:
                 resp = error_response(InternalError("the node is stopping"))
                 keep = False
-        keep = keep and not self.server.stopping
-        self._write(resp, keep, head_only=req.method == "HEAD", http10=version == "HTTP/1.0")
+            except Exception as e:
+                resp = _internal_error(req, e)
+        keep = keep and not server.stopping
+        self._write(resp, keep, head_only=req.method == "HEAD", http10=http10)
         self.busy = False
         self.task = None
-        self.last_active = time.monotonic()
+        self.last_active = _monotonic()
         if not keep:
             self._close()
             return
@@ -377,25 +409,29 @@ class _HttpProtocol(asyncio.Protocol):
         if t is None or t.is_closing():
             return
         status = resp.status
-        head = [
-            b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode()),
-            b"Date: " + _Date.get() + b"\r\n",
-        ]
-        for k, v in resp.headers.items():
-            head.append(f"{k}: {v}\r\n".encode("latin-1"))
+        line = _STATUS_LINES.get(status)
+        if line is None:
+            line = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode())
+        head = line + _Date.get()
+        if resp.headers:
+            head += "".join([f"{k}: {v}\r\n" for k, v in resp.headers.items()]).encode("latin-1")
+        body = resp.body
         if status != 204 and status >= 200:
-            head.append(b"Content-Length: %d\r\n" % len(resp.body))
-        if not keep:
-            head.append(b"Connection: close\r\n")
-        elif http10:
-            head.append(b"Connection: keep-alive\r\n")
-        head.append(b"\r\n")
-        body = resp.body if status != 204 and not head_only else b""
-        if len(body) > 64 * 1024:
-            t.writelines([b"".join(head), body])
+            head += b"Content-Length: %d\r\n" % len(body)
         else:
-            head.append(body)
-            t.write(b"".join(head))
+            body = b""
+        if not keep:
+            head += b"Connection: close\r\n\r\n"
+        elif http10:
+            head += b"Connection: keep-alive\r\n\r\n"
+        else:
+            head += b"\r\n"
+        if head_only or not body:
+            t.write(head)
+        elif len(body) > 64 * 1024:
+            t.writelines([head, body])
+        else:
+            t.write(head + body)  # one write, one segment for a small reply
 
     def _refuse(self, err: ZdmqError, status: int | None = None) -> None:
         resp = error_response(err)
@@ -408,6 +444,16 @@ class _HttpProtocol(asyncio.Protocol):
         self.closing = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _nodelay(transport: asyncio.BaseTransport) -> None:
+    """Replies go out at once, whatever the loop. uvloop sets TCP_NODELAY on accepted
+    sockets; asyncio's loop skips it when the listening socket was made with protocol 0
+    (`socket.socket()`, as the node's is), so an accepted one would keep Nagle on."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class _Refuse(Exception):
