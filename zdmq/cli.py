@@ -6,7 +6,8 @@ zdmq status  health of every node
 zdmq queue   create | delete | list | stats
 zdmq push    push a message (argument, file or stdin)
 zdmq pop     pop messages and print them
-zdmq demo    the README's main job: a local cluster, pushes and pops, a report
+zdmq demo    the README's main job: a local cluster, pushes and pops, then the Spark pipeline
+zdmq spark   Spark jobs: `zdmq spark drain --queue Q --out PATH` (needs the [spark] extra)
 zdmq bench   the benchmark workloads (a-d) on zdmq and, if started, RabbitMQ, Redis, NATS
 """
 
@@ -88,9 +89,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object a message")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a message (0-20)")
 
-    p = sub.add_parser("demo", help="start the local cluster, push and pop, report")
+    p = sub.add_parser("demo", help="start the local cluster, push and pop, then Spark; report")
     p.add_argument("--messages", type=int, default=5000, help="how many (default %(default)s)")
     p.add_argument("--concurrency", type=int, default=32, help="calls in flight (default 32)")
+    p.add_argument(
+        "--spark",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the Spark part (default: when pyspark and Java are installed)",
+    )
+    p.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+    p.add_argument("--out", help="where the Spark part writes Parquet (default: a temp dir)")
+
+    p = sub.add_parser("spark", help="Spark jobs (needs the [spark] extra)")
+    ssub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    d = ssub.add_parser("drain", parents=[common], help="drain a queue into files with Spark")
+    d.add_argument("--queue", required=True)
+    d.add_argument("--out", required=True, help="output path (a directory of files)")
+    d.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
+    d.add_argument("--max-messages", type=int, help="drain at most this many")
+    d.add_argument("--format", default="parquet", help="Spark writer format (default parquet)")
+    d.add_argument("--mode", default="append", help="save mode (default append)")
+    d.add_argument("--decode", default="bytes", choices=["bytes", "utf-8", "json"])
+    d.add_argument("--json-schema", help='DDL for --decode json, e.g. "user string, n long"')
+    d.add_argument("--visibility", type=float, default=300.0, help="lease seconds (300)")
+    d.add_argument("--batch-size", type=int, default=100, help="messages per receive (100)")
 
     sub.add_parser("bench", help="the benchmark workloads on zdmq and its peers (see --help)")
 
@@ -106,7 +129,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "up":
             return _up(args.config)
         if args.command == "demo":
-            return asyncio.run(_demo(args.config, config, args.messages, args.concurrency))
+            spark = _spark_wanted(args.spark)
+            if spark is None:
+                return 2
+            spark_run = (args.master, args.out) if spark else None
+            return asyncio.run(
+                _demo(args.config, config, args.messages, args.concurrency, spark_run)
+            )
+        if args.command == "spark":
+            if _spark_wanted(True) is None:
+                return 2
+            from zdmq.spark.cli import drain_command
+
+            return drain_command(args.config, args)
         return asyncio.run(_COMMANDS[args.command](config, args))
     except ConfigError as e:
         print(f"zdmq: {e}", file=sys.stderr)
@@ -292,7 +327,35 @@ async def _bounded(n: int, concurrency: int, job: Callable[[int], Awaitable[T]])
     return results
 
 
-async def _demo(config_path: str, config: ClusterConfig, n: int, concurrency: int) -> int:
+def _spark_wanted(asked: bool | None) -> bool | None:
+    """Whether the Spark part runs: asked for (None if it cannot), or by default when pyspark
+    and Java are both there (else the demo says how to get them and runs without it)."""
+    import importlib.util
+    import os
+    import shutil
+
+    missing = []
+    if importlib.util.find_spec("pyspark") is None:
+        missing.append("pyspark: pip install -e '.[spark]' (or pip install 'zdmq[spark]')")
+    if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
+        missing.append("Java 17 (Spark runs on the JVM): e.g. apt-get install openjdk-17-jre")
+    if not missing:
+        return asked is not False
+    if asked:
+        print("zdmq: Spark needs " + "; and ".join(missing), file=sys.stderr)
+        return None
+    if asked is None:
+        print("demo: the Spark part is skipped; to run it install " + "; and ".join(missing))
+    return False
+
+
+async def _demo(
+    config_path: str,
+    config: ClusterConfig,
+    n: int,
+    concurrency: int,
+    spark: tuple[str, str | None] | None = None,  # (master, output dir) of the Spark part
+) -> int:
     if n < 1:
         print("zdmq demo: --messages must be at least 1", file=sys.stderr)
         return 2
@@ -315,7 +378,13 @@ async def _demo(config_path: str, config: ClusterConfig, n: int, concurrency: in
         await asyncio.to_thread(cluster.start)
         print(f"demo: cluster ready in {time.perf_counter() - t0:.1f}s: {', '.join(cluster.urls)}")
     try:
-        return await _demo_run(config, n, concurrency)
+        status = await _demo_run(config, n, concurrency)
+        if spark is not None:
+            from zdmq.spark.cli import demo_part
+
+            ok = await asyncio.to_thread(demo_part, config, n, *spark)
+            status = status or (0 if ok else 1)
+        return status
     finally:
         if cluster is not None:
             await asyncio.to_thread(cluster.stop)

@@ -60,7 +60,7 @@ def test_queue_create_takes_delivery_settings_and_push_takes_a_dedup_id(
 def test_demo_on_a_running_cluster_pushes_and_pops_every_message_once(
     cluster4: LocalCluster,
 ) -> None:
-    r = zdmq("--config", str(cluster4.config_path), "demo", "--messages", "600")
+    r = zdmq("--config", str(cluster4.config_path), "demo", "--messages", "600", "--no-spark")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "using the running cluster" in r.stdout
     assert "lost=0 duplicates=0 corrupted=0 -> OK" in r.stdout

@@ -1,0 +1,376 @@
+"""What Spark tasks do against zdmq: lease from one node, turn replies into Arrow, settle, push.
+
+Runs inside Spark's Python workers (executors) and in the streaming reader's driver-side
+process, so everything here pickles (a cluster layout travels as a plain dict) and every
+caller brings its own event loop: a task drives one private loop with
+`run_until_complete`, never a loop shared with anything else. No pyspark import here.
+
+Leases, not pops: a task that dies leaves leases that expire, and its messages come back.
+A task that fails in Python releases (nacks) what it leased at once, so its retry finds
+them again without waiting for the visibility timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from zdmq import _http
+from zdmq.client import Client
+from zdmq.config import ClusterConfig
+from zdmq.models import AckResult
+from zdmq.spark._options import ReadOptions
+
+__all__ = [
+    "NodeLeaser",
+    "RowBuilder",
+    "cluster_from",
+    "lease_all",
+    "push_batches",
+    "settle",
+]
+
+_ROUTE_LOCAL = {"zdmq-route": "local"}
+# An empty node is polled this often while `wait_s` lasts (local receives cannot long-poll).
+_IDLE_POLL_S = 0.05
+# Acks and nacks of many receipts: slices of this many, this many slices at once.
+_SETTLE_SLICE = 2000
+_SETTLE_INFLIGHT = 8
+
+
+def cluster_from(layout: dict[str, Any]) -> ClusterConfig:
+    return ClusterConfig.from_dict(layout)
+
+
+def _run(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
+    return loop.run_until_complete(coro)
+
+
+@dataclass(slots=True)
+class Built:
+    """One Arrow batch of rows, and the receipts of what it holds and what it dropped."""
+
+    batch: pa.RecordBatch | None
+    receipts: list[str] = field(default_factory=list)
+    undecodable: list[str] = field(default_factory=list)
+
+
+class RowBuilder:
+    """Wire messages -> one Arrow record batch of the read schema.
+
+    Columns, in order: id, body, encoding, receive_count, node, received_at, and receipt
+    when the schema has it. `body` follows `decode`; `encoding` is how the body travelled
+    ("utf-8" when the bytes are valid UTF-8, else "base64"). With decode=json a body that
+    is not a JSON object of the schema is left out of the batch and reported undecodable.
+    """
+
+    def __init__(self, schema: pa.Schema, decode: str) -> None:
+        self.schema = schema
+        self.decode = decode
+        self.with_receipt = "receipt" in schema.names
+        self._body_type = schema.field("body").type
+        self._ts_type = schema.field("received_at").type
+
+    def build(self, msgs: Sequence[dict[str, Any]], node: str, received_at_us: int) -> Built:
+        out = Built(None)
+        rows: list[tuple[str, Any, str, int, str]] = []  # id, body, encoding, count, receipt
+        for m in msgs:
+            text, enc = m["body"], m.get("encoding", "utf-8")
+            if self.decode == "bytes":
+                body: Any = text.encode("utf-8") if enc == "utf-8" else base64.b64decode(text)
+            elif self.decode == "utf-8":
+                body = text
+            else:
+                body = _json_object(text) if enc == "utf-8" else None
+                if body is None:
+                    out.undecodable.append(m["receipt"])
+                    continue
+            rows.append((m["id"], body, enc, int(m["receive_count"]), m["receipt"]))
+        try:
+            bodies = pa.array([r[1] for r in rows], self._body_type)
+        except _ARROW_ERRORS:
+            if self.decode != "json":
+                raise
+            # Some object does not fit the schema: keep the rows that do, one by one.
+            fits = [r for r in rows if _fits(r[1], self._body_type)]
+            out.undecodable.extend(r[4] for r in rows if not _fits(r[1], self._body_type))
+            rows = fits
+            bodies = pa.array([r[1] for r in rows], self._body_type)
+        if not rows:
+            return out
+        out.receipts = [r[4] for r in rows]
+        n = len(rows)
+        arrays = [
+            pa.array([r[0] for r in rows], pa.string()),
+            bodies,
+            pa.array([r[2] for r in rows], pa.string()),
+            pa.array([r[3] for r in rows], pa.int32()),
+            pa.array([node] * n, pa.string()),
+            pa.array([received_at_us] * n, self._ts_type),
+        ]
+        if self.with_receipt:
+            arrays.append(pa.array(out.receipts, pa.string()))
+        out.batch = pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+        return out
+
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
+
+
+def _fits(body: Any, arrow_type: pa.DataType) -> bool:
+    try:
+        pa.array([body], arrow_type)
+    except _ARROW_ERRORS:
+        return False
+    return True
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class NodeLeaser:
+    """Leases one node's messages of a queue in batches, as Arrow record batches.
+
+    `batches()` yields until the node is drained (an empty round after `wait_s` of
+    emptiness) or `limit` messages were leased. A message leased twice (its lease ran out
+    meanwhile and it came back) is yielded once; its newest receipt is the one kept.
+    """
+
+    def __init__(
+        self,
+        layout: dict[str, Any],
+        node: str,
+        opts: ReadOptions,
+        schema: pa.Schema,
+        limit: int | None,
+    ) -> None:
+        self.config = cluster_from(layout)
+        self.node = node
+        self.url = self.config.node(node).url
+        self.opts = opts
+        self.builder = RowBuilder(schema, opts.decode)
+        self.limit = limit
+        self.receipt_of: dict[str, str] = {}  # message id -> its newest receipt
+        self.undecodable: list[str] = []
+        self.leased = 0  # deliveries, repeats included
+
+    @property
+    def receipts(self) -> list[str]:
+        return list(self.receipt_of.values())
+
+    def batches(self, loop: asyncio.AbstractEventLoop) -> Iterator[pa.RecordBatch]:
+        pool = _http.HttpPool(timeout_s=self.config.request_timeout_s + 5.0)
+        idle_since: float | None = None
+        ahead: asyncio.Task[list[dict[str, Any]]] | None = None
+        try:
+            while self.limit is None or len(self.receipt_of) < self.limit:
+                if ahead is not None:
+                    msgs, ahead = _run(loop, ahead), None
+                else:
+                    msgs = _run(loop, self._round(pool))
+                if not msgs:
+                    now = time.monotonic()
+                    idle_since = idle_since if idle_since is not None else now
+                    if now - idle_since >= self.opts.wait_s:
+                        return
+                    _run(loop, asyncio.sleep(_IDLE_POLL_S))
+                    continue
+                idle_since = None
+                fresh = self._dedup(msgs)
+                if self.limit is None or len(self.receipt_of) < self.limit:
+                    # Send the next round's receives before handing this batch to Spark:
+                    # the nodes lease (and sync) while Spark writes.
+                    ahead = loop.create_task(self._round(pool))
+                    _run(loop, asyncio.sleep(0))
+                if fresh:
+                    built = self.builder.build(fresh, self.node, time.time_ns() // 1000)
+                    for r in built.undecodable:
+                        self.receipt_of.pop(r.partition(".")[0], None)
+                    self.undecodable.extend(built.undecodable)
+                    if built.batch is not None:
+                        yield built.batch
+        finally:
+            if ahead is not None:  # stopped early: record what it leased, so it is released
+                # (a node that fails now: those leases expire on their own)
+                with contextlib.suppress(Exception):
+                    self._dedup(_run(loop, ahead))
+            _run(loop, pool.close())
+
+    def _dedup(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        fresh = []
+        for m in msgs:
+            self.leased += 1
+            seen = m["id"] in self.receipt_of
+            self.receipt_of[m["id"]] = m["receipt"]
+            if not seen:
+                fresh.append(m)
+        return fresh
+
+    async def _round(self, pool: _http.HttpPool) -> list[dict[str, Any]]:
+        """Up to `inflight` receives at once, each of up to `batch_size` messages."""
+        want = self.opts.batch_size * self.opts.inflight
+        if self.limit is not None:
+            want = min(want, self.limit - len(self.receipt_of))
+        sizes = []
+        while want > 0:
+            sizes.append(min(self.opts.batch_size, want))
+            want -= sizes[-1]
+        replies = await asyncio.gather(*(self._receive(pool, k) for k in sizes))
+        return [m for msgs in replies for m in msgs]
+
+    async def _receive(self, pool: _http.HttpPool, k: int) -> list[dict[str, Any]]:
+        reply = await _http.call(
+            pool,
+            "POST",
+            f"{self.url}/v1/queues/{self.opts.queue}/receive",
+            params={"max": str(k), "visibility_s": repr(self.opts.visibility_s)},
+            headers=_ROUTE_LOCAL,
+        )
+        return list(reply.json()["messages"])
+
+
+async def lease_all(
+    layout: dict[str, Any],
+    opts: ReadOptions,
+    limit: int,
+    schema: pa.Schema,
+) -> dict[str, Built]:
+    """Leases up to `limit` messages from every node at once (the streaming reader's
+    driver-side step); the rows of each node as one Built.
+
+    In rounds: each node not yet found empty is asked for an equal part of what is still
+    wanted (up to `inflight` receives of `batch_size` each), so no node starves the others.
+    """
+    config = cluster_from(layout)
+    pool = _http.HttpPool(timeout_s=config.request_timeout_s + 5.0)
+    builder = RowBuilder(schema, opts.decode)
+    got: dict[str, list[dict[str, Any]]] = {n: [] for n in config.node_ids}
+    active = list(config.node_ids)
+
+    async def one(url: str, k: int) -> list[dict[str, Any]]:
+        reply = await _http.call(
+            pool,
+            "POST",
+            f"{url}/v1/queues/{opts.queue}/receive",
+            params={"max": str(k), "visibility_s": repr(opts.visibility_s)},
+            headers=_ROUTE_LOCAL,
+        )
+        return list(reply.json()["messages"])
+
+    async def node_round(node: str, want: int) -> bool:
+        sizes: list[int] = []
+        while want > 0 and len(sizes) < opts.inflight:
+            sizes.append(min(opts.batch_size, want))
+            want -= sizes[-1]
+        url = config.node(node).url
+        replies = await asyncio.gather(*(one(url, k) for k in sizes))
+        for msgs in replies:
+            got[node].extend(msgs)
+        return all(len(msgs) == k for msgs, k in zip(replies, sizes, strict=True))
+
+    try:
+        left = limit
+        while left > 0 and active:
+            part = -(-left // len(active))
+            wants = {n: min(part, left - part * i) for i, n in enumerate(active)}
+            wants = {n: w for n, w in wants.items() if w > 0}
+            before = sum(len(v) for v in got.values())
+            full = await asyncio.gather(*(node_round(n, w) for n, w in wants.items()))
+            active = [n for n, more in zip(wants, full, strict=True) if more]
+            left -= sum(len(v) for v in got.values()) - before
+    finally:
+        await pool.close()
+    now_us = time.time_ns() // 1000
+    return {n: builder.build(msgs, n, now_us) for n, msgs in got.items() if msgs}
+
+
+def settle(
+    layout: dict[str, Any],
+    queue: str,
+    action: str,
+    receipts: Sequence[str],
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> AckResult:
+    """Acks or nacks (releases) receipts; a node that cannot be reached is reported per
+    receipt (`node_unavailable`), never raised: its leases simply run out."""
+    if not receipts:
+        return AckResult(0)
+
+    async def go() -> AckResult:
+        async with Client(config=cluster_from(layout)) as c:
+            # Slices settled at once: each call makes one request per node, so several
+            # slices keep several requests (and group commits) in flight per node.
+            slices = [
+                receipts[i : i + _SETTLE_SLICE] for i in range(0, len(receipts), _SETTLE_SLICE)
+            ]
+            gate = asyncio.Semaphore(_SETTLE_INFLIGHT)
+
+            async def one(part: Sequence[str]) -> AckResult:
+                async with gate:
+                    return await (c.ack(queue, part) if action == "ack" else c.nack(queue, part))
+
+            results = await asyncio.gather(*(one(p) for p in slices))
+            failed: dict[str, str] = {}
+            for r in results:
+                failed.update(r.failed)
+            return AckResult(sum(r.done for r in results), failed)
+
+    if loop is not None:
+        result: AckResult = loop.run_until_complete(go())
+        return result
+    return asyncio.run(go())
+
+
+def push_batches(
+    layout: dict[str, Any],
+    queue: str,
+    rows: Iterable[tuple[list[Any], list[str]]],
+    *,
+    inflight: int,
+) -> int:
+    """Pushes (bodies, dedup ids) chunks with up to `inflight` push_many calls at once.
+    Returns how many rows were pushed (duplicates the nodes dropped included)."""
+    loop = asyncio.new_event_loop()
+    pushed = 0
+    try:
+
+        async def go() -> None:
+            async with Client(config=cluster_from(layout)) as c:
+                running: set[asyncio.Future[list[str]]] = set()
+                try:
+                    await feed(c, running)
+                finally:  # the rows failed (the task fails): stop what is still pushing
+                    for t in running:
+                        t.cancel()
+                    await asyncio.gather(*running, return_exceptions=True)
+
+        async def feed(c: Client, running: set[asyncio.Future[list[str]]]) -> None:
+            nonlocal pushed
+            for bodies, dedup_ids in rows:
+                if len(running) >= inflight:
+                    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    for t in done:
+                        running.discard(t)
+                        pushed += len(t.result())
+                running.add(asyncio.ensure_future(c.push_many(queue, bodies, dedup_ids=dedup_ids)))
+            while running:
+                t = running.pop()
+                pushed += len(await t)
+
+        loop.run_until_complete(go())
+    finally:
+        loop.close()
+    return pushed
