@@ -211,27 +211,28 @@ class SqliteStorage(Storage):
             return  # replaying what is on disk
         self._unwritten.append(op)
         if not self._scheduled:
-            # Commit on the next loop iteration: every request parsed in this one joins
-            # the same commit (group commit). Ops applied with no loop running (a
-            # script, a test) wait for the next submit.
             try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
+                self._schedule(asyncio.get_running_loop())
+            except RuntimeError:  # no loop running (a script, a test): the next submit commits
                 return
-            self._scheduled = True
-            loop.call_soon(self._flush)
 
     def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
         """The commit of `ops`, which the state has applied (and so handed to `write`)."""
         if self.failed is not None:
             raise StorageFailed(f"storage failed earlier: {self.failed}")
+        loop = asyncio.get_running_loop()
         fut = self._next
         if fut is None:
-            fut = self._next = asyncio.get_running_loop().create_future()
+            fut = self._next = loop.create_future()
         if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._schedule(loop)
         return fut
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Commits on the next loop iteration: every request parsed in this one joins
+        the same commit (group commit)."""
+        self._scheduled = True
+        loop.call_soon(self._flush)
 
     def barrier(self) -> asyncio.Future[None]:
         if self.failed is not None:
