@@ -8,11 +8,13 @@ ratios say what they should.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from zdmq import Client
 from zdmq.bench.driver import SystemSpec
 from zdmq.bench.report import format_tables, medians, ratio_rows
 from zdmq.bench.runner import main as bench_main
@@ -54,8 +56,14 @@ def test_server_cpu_is_read_from_proc_and_a_gone_pid_counts_zero() -> None:
 
 
 def test_workloads_a_and_b_move_every_message_through_a_real_node() -> None:
-    with zdmq_systems([1], ["os"]) as [spec]:
+    with zdmq_systems([1], ["os"]) as [spec, consumer]:
         rows = workload_a(spec, TINY) + workload_b(spec, TINY)
+        # The consumer row: prefetched receives and background acks, all committed (and
+        # what one client leased ahead released for the other) before the phase ends.
+        c1, c2 = workload_a(consumer, TINY)
+        assert consumer.workloads == "a" and consumer.options["prefetch"] > 1
+        assert c1["recv_rate"] > 0 and c2["recv_rate"] > 0
+        assert asyncio.run(_left(spec)) == (0, 0)
     a1, a2, b = rows
     assert (a1["variant"], a2["variant"], b["variant"]) == ("1 client", "2 clients", "2+2")
     for row in (a1, a2):
@@ -65,6 +73,13 @@ def test_workloads_a_and_b_move_every_message_through_a_real_node() -> None:
         assert row["push_cpu_us"] >= 0 and row["recv_cpu_us"] >= 0
     # 3,000 messages through the node cost it measurably more than one tick.
     assert b["rate"] > 0 and b["server_cpu_s"] > 0 and b["cpu_us"] > 0
+
+
+async def _left(spec: SystemSpec) -> tuple[int, int]:
+    """Messages and leases left in every queue of the cluster (each phase made its own)."""
+    async with Client.from_config(spec.options["config"]) as c:
+        stats = [await c.stats(q) for q in await c.list_queues()]
+    return sum(s.messages for s in stats), sum(s.in_flight for s in stats)
 
 
 def test_zdmq_bench_quick_prints_tables_and_writes_json(

@@ -18,6 +18,8 @@ Semantics every driver keeps, so that the rows of one table compare like with li
   committed with the queue's durability; not every peer can promise that (RabbitMQ's
   basic.ack is never confirmed by the broker, nor flushed), so each peer driver's
   docstring says what its ack means, and docs/benchmarks.md says it beside the rows.
+  A driver whose `ack` returns before the ack is sent (zdmq's consumer mode) waits for
+  them all in `settle`, which a phase calls before it stops its clock.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class SystemSpec:
     server_pids: tuple[int, ...] = ()  # whose CPU time counts as "server CPU"
     sys_path: tuple[str, ...] = ()  # folders to import `driver` from
     note: str = ""  # one line for the table's legend
+    workloads: str | None = None  # the workloads this row takes part in (None: all)
 
 
 class Driver(abc.ABC):
@@ -76,6 +79,11 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     async def ack(self, tokens: list[Any]) -> None: ...
+
+    async def settle(self) -> None:
+        """Returns once every ack handed to `ack` has taken effect, and gives back what
+        was received ahead but not handed out (a phase calls it when its client is done)."""
+        return None
 
 
 def open_driver(spec: SystemSpec, queue: str) -> Driver:

@@ -34,6 +34,7 @@ from zdmq.bench.suite import WORKLOADS, Knobs, Row
 __all__ = ["main", "peer_systems", "zdmq_systems"]
 
 ZDMQ_DRIVER = "zdmq.bench.zdmq_driver:ZdmqDriver"
+PREFETCH = 100  # messages the consumer rows lease ahead (one receive call's worth)
 
 
 @contextlib.contextmanager
@@ -64,6 +65,21 @@ def zdmq_systems(
                         options={"config": str(cluster.config_path)},
                         server_pids=pids,
                         note=f"{n} node{'s' if n > 1 else ''}, durability: {durability}",
+                    )
+                )
+                specs.append(
+                    SystemSpec(
+                        name=f"{name} {durability} consumer",
+                        driver=ZDMQ_DRIVER,
+                        durability=durability,
+                        options={"config": str(cluster.config_path), "prefetch": PREFETCH},
+                        server_pids=pids,
+                        note=(
+                            f"the same cluster through a consumer: {PREFETCH} leased ahead, "
+                            "acks batched in the background and all committed before the "
+                            "phase ends (as RabbitMQ's consumer: prefetch, acks not awaited)"
+                        ),
+                        workloads="a",
                     )
                 )
         yield specs
@@ -129,6 +145,8 @@ def run(
         rows: list[Row] = []
         for spec in systems:
             for w in workloads:
+                if spec.workloads is not None and w not in spec.workloads:
+                    continue
                 t0 = time.monotonic()
                 try:
                     got = WORKLOADS[w](spec, knobs)

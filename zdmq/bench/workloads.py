@@ -114,6 +114,7 @@ async def recv_ack_seq(
             continue
         await d.ack([tok for _, tok in got])
         lat.append(time.perf_counter() - t)
+    await d.settle()
     return {"t0": t0, "t1": time.monotonic(), "msgs": len(lat), "lat": lat}
 
 

@@ -9,10 +9,18 @@ Two ways to use it, both `async for`:
         ...
 
     # 2. Without one: the loop body is the handler. A message is acked when the body
-    #    asks for the next one; `consumer.nack(msg)` releases it instead. Up to
-    #    `concurrency` messages are leased ahead.
+    #    asks for the next one (the ack is sent in the background); `consumer.nack(msg)`
+    #    releases it instead. Up to `concurrency` messages are leased ahead.
     async for msg in client.consume("jobs"):
         ...
+
+Acks go through an `AckBatcher`: one ack call at a time per consumer, and every ack
+that comes in while it runs goes in the next one, so a fast consumer pays one round trip
+and one commit per batch rather than per message (client-side group commit). A handler's
+`Outcome` and `consumer.ack` still wait until their ack is committed; the body-mode ack
+when the body moves on does not (as Kafka's auto-commit and RabbitMQ's `basic.ack`), and
+the shutdown waits for every ack queued. An ack that never lands leaves its message to
+come back after its lease: at-least-once holds.
 
 Every message the consumer holds (leased ahead, or being handled) has its lease
 extended every `visibility_s / 3` seconds, so a slow handler never loses its lease and
@@ -40,7 +48,7 @@ from zdmq.models import ReceivedMessage
 if TYPE_CHECKING:
     from zdmq.client.client import Client
 
-__all__ = ["Consumer", "Handler", "Outcome"]
+__all__ = ["AckBatcher", "Consumer", "Handler", "Outcome"]
 
 log = logging.getLogger("zdmq.consumer")
 
@@ -55,6 +63,62 @@ class Outcome:
     acked: bool  # the handler returned and the ack took effect
     error: BaseException | None = None  # what the handler raised (then it was nacked)
     code: str | None = None  # why the ack or nack did not take effect (e.g. lease_expired)
+
+
+class AckBatcher:
+    """Coalesces acks of one queue: at most one ack call in flight, and everything
+    queued meanwhile goes in the next call (the client splits it per node and batch).
+
+    `add(receipt)` returns a future of the ack's verdict: None once the ack is
+    committed, else its error code (`lease_expired`, `node_unavailable`, ...).
+    """
+
+    def __init__(self, client: Client, queue: str) -> None:
+        self.client = client
+        self.queue = queue
+        self._pending: dict[str, asyncio.Future[str | None]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.calls = 0
+
+    def add(self, receipt: str) -> asyncio.Future[str | None]:
+        fut = self._pending.get(receipt)
+        if fut is None:
+            fut = self._pending[receipt] = asyncio.get_running_loop().create_future()
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="zdmq-acks")
+        return fut
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def flush(self) -> None:
+        """Returns once every ack queued so far has its verdict."""
+        while self._task is not None:
+            await asyncio.wait({self._task})
+
+    async def _run(self) -> None:
+        batch: dict[str, asyncio.Future[str | None]] = {}
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, {}
+                self.calls += 1
+                try:
+                    result = await self.client.ack(self.queue, list(batch))
+                    codes = result.failed
+                except ZdmqError as e:
+                    codes = dict.fromkeys(batch, e.code)
+                except Exception as e:  # a closed client, say: these acks are lost
+                    log.warning("acking %d message(s) failed: %r", len(batch), e)
+                    codes = dict.fromkeys(batch, type(e).__name__)
+                for receipt, fut in batch.items():
+                    if not fut.done():
+                        fut.set_result(codes.get(receipt))
+        finally:
+            self._task = None
+            for fut in (*batch.values(), *self._pending.values()):
+                fut.cancel()  # only those without a verdict: cancelled, nothing sends them
+            self._pending.clear()
 
 
 _DONE: Any = object()
@@ -108,6 +172,7 @@ class Consumer:
         self._drained = False
         self._stopped_at: float | None = None
         self._error: ZdmqError | None = None  # what ended the receive loop for good
+        self._acks = AckBatcher(client, queue)
         self.received = 0
         self.acked = 0
         self.nacked = 0
@@ -125,13 +190,27 @@ class Consumer:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def ack_batches(self) -> int:
+        """Ack calls sent so far (each settles every ack queued while the last one ran)."""
+        return self._acks.calls
+
     async def ack(self, msg: ReceivedMessage) -> bool:
-        """Acks a message now (body mode); False when its lease had already ended."""
+        """Acks a message now (body mode) and waits until the ack is committed; False
+        when it did not take effect (its lease had already ended, say)."""
+        return await self._ack(msg) is None
+
+    def _ack(self, msg: ReceivedMessage) -> asyncio.Future[str | None]:
+        """Queues the ack of a message this consumer holds: its verdict, once sent."""
         self._held.pop(msg.receipt, None)
         self._room.set()
-        result = await self.client.ack(self.queue, msg.receipt)
-        self.acked += result.done
-        return result.ok
+        fut = self._acks.add(msg.receipt)
+        fut.add_done_callback(self._count_ack)
+        return fut
+
+    def _count_ack(self, fut: asyncio.Future[str | None]) -> None:
+        if not fut.cancelled() and fut.result() is None:
+            self.acked += 1
 
     async def nack(self, msg: ReceivedMessage, delay_s: float = 0.0) -> bool:
         """Releases a message now (body mode): visible again after `delay_s`."""
@@ -177,7 +256,7 @@ class Consumer:
                 while (msg := await self._next_message()) is not None:
                     yield msg
                     if msg.receipt in self._held:
-                        await self.ack(msg)  # the body finished with it
+                        self._ack(msg)  # the body finished with it: acked in the background
             if self._error is not None:
                 raise self._error
         finally:
@@ -288,20 +367,18 @@ class Consumer:
                 outcomes.put_nowait(await self._settle(msg, None))
 
     async def _settle(self, msg: ReceivedMessage, error: BaseException | None) -> Outcome:
+        if error is None:
+            code = await self._ack(msg)
+            return Outcome(msg, code is None, None, code)
         self._held.pop(msg.receipt, None)
         self._room.set()
         try:
-            if error is None:
-                result = await self.client.ack(self.queue, msg.receipt)
-                self.acked += result.done
-            else:
-                result = await self.client.nack(self.queue, msg.receipt, delay_s=self.backoff(msg))
-                self.nacked += result.done
+            result = await self.client.nack(self.queue, msg.receipt, delay_s=self.backoff(msg))
         except ZdmqError as e:
             # The lease runs out and the message comes back: at-least-once holds.
             return Outcome(msg, False, error, e.code)
-        code = result.failed.get(msg.receipt)
-        return Outcome(msg, error is None and code is None, error, code)
+        self.nacked += result.done
+        return Outcome(msg, False, error, result.failed.get(msg.receipt))
 
     async def _end_when_workers_finish(
         self, workers: list[asyncio.Task[None]], outcomes: asyncio.Queue[Any]
@@ -354,8 +431,10 @@ class Consumer:
                 await asyncio.wait(pending, timeout=self._shutdown_left())
             for w in workers:
                 w.cancel()
-        # Body mode: whatever is still held (the message in hand included) goes back.
+        # Body mode: whatever is still held (the message in hand included) goes back,
+        # and the acks queued in the background land before the loop ends.
         await self._release(list(self._held.values()))
+        await self._acks.flush()
         for t in tasks + workers:
             t.cancel()
         await asyncio.gather(*tasks, *workers, return_exceptions=True)
