@@ -69,9 +69,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("loadtest/results"))
     args = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="zdmq-spark-bench-"))
     samples: dict[str, list[float]] = {"client": [], "spark": []}
-    with LocalCluster.ephemeral(work / "cluster", nodes=4, durability=args.durability) as cl:
+    with (
+        tempfile.TemporaryDirectory(prefix="zdmq-spark-bench-") as tmp,  # cluster and Parquet
+        LocalCluster.ephemeral(Path(tmp) / "cluster", nodes=4, durability=args.durability) as cl,
+    ):
+        work = Path(tmp)
         cfg = cl.config_path
         spark = zdmq.spark.session(args.master, app_name="zdmq-spark-bench")
         spark.sparkContext.setLogLevel("ERROR")

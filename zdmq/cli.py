@@ -66,12 +66,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     qsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = qsub.add_parser("create", parents=[common])
     create.add_argument("queue")
-    create.add_argument("--visibility-timeout", type=float, help="seconds a lease lasts (30)")
-    create.add_argument("--max-receives", type=int, help="deliveries before dead-lettering")
-    create.add_argument("--dead-letter-queue", help="where messages past --max-receives go")
-    create.add_argument("--retention", type=float, help="seconds a message is kept (4 days)")
-    create.add_argument("--dedup-window", type=float, help="seconds a dedup id is kept (300)")
-    create.add_argument("--max-message-bytes", type=int, help="the queue's body size limit")
+    add = create.add_argument
+    _passed_on(  # to Client.create_queue
+        create,
+        add(
+            "--visibility-timeout",
+            dest="visibility_timeout_s",
+            type=float,
+            help="seconds a lease lasts (30)",
+        ),
+        add("--max-receives", type=int, help="deliveries before dead-lettering"),
+        add("--dead-letter-queue", help="where messages past --max-receives go"),
+        add("--retention", dest="retention_s", type=float, help="seconds kept (4 days)"),
+        add(
+            "--dedup-window", dest="dedup_window_s", type=float, help="seconds dedup ids last (300)"
+        ),
+        add("--max-message-bytes", type=int, help="the queue's body size limit"),
+    )
     for action in ("delete", "stats"):
         qsub.add_parser(action, parents=[common]).add_argument("queue")
     qsub.add_parser("list", parents=[common])
@@ -107,13 +118,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     d.add_argument("--queue", required=True)
     d.add_argument("--out", required=True, help="output path (a directory of files)")
     d.add_argument("--master", default="local[*]", help="Spark master (default %(default)s)")
-    d.add_argument("--max-messages", type=int, help="drain at most this many")
-    d.add_argument("--format", default="parquet", help="Spark writer format (default parquet)")
-    d.add_argument("--mode", default="append", help="save mode (default append)")
-    d.add_argument("--decode", default="bytes", choices=["bytes", "utf-8", "json"])
-    d.add_argument("--json-schema", help='DDL for --decode json, e.g. "user string, n long"')
-    d.add_argument("--visibility", type=float, default=300.0, help="lease seconds (300)")
-    d.add_argument("--batch-size", type=int, default=100, help="messages per receive (100)")
+    _passed_on(  # to zdmq.spark.drain
+        d,
+        d.add_argument("--max-messages", type=int, help="drain at most this many"),
+        d.add_argument(
+            "--format",
+            dest="fmt",
+            metavar="FORMAT",
+            default="parquet",
+            help="Spark writer format (default parquet)",
+        ),
+        d.add_argument("--mode", default="append", help="save mode (default append)"),
+        d.add_argument("--decode", default="bytes", choices=["bytes", "utf-8", "json"]),
+        d.add_argument("--json-schema", help='DDL for --decode json, e.g. "user string, n long"'),
+        d.add_argument(
+            "--visibility",
+            dest="visibility_s",
+            type=float,
+            default=300.0,
+            help="lease seconds (300)",
+        ),
+        d.add_argument("--batch-size", type=int, default=100, help="messages per receive (100)"),
+    )
 
     sub.add_parser("bench", help="the benchmark workloads on zdmq and its peers (see --help)")
 
@@ -141,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             from zdmq.spark.cli import drain_command
 
-            return drain_command(args.config, args)
+            return drain_command(args.config, args.queue, args.out, args.master, **_kwargs(args))
         return asyncio.run(_COMMANDS[args.command](config, args))
     except ConfigError as e:
         print(f"zdmq: {e}", file=sys.stderr)
@@ -151,6 +177,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _passed_on(p: argparse.ArgumentParser, *actions: argparse.Action) -> None:
+    """Marks `p`'s optional arguments that a command passes on as keyword arguments: each
+    one's dest is the name of the called function's parameter (see `_kwargs`)."""
+    p.set_defaults(passed_on=tuple(a.dest for a in actions))
+
+
+def _kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments `_passed_on` marked, as keyword arguments."""
+    return {name: getattr(args, name) for name in args.passed_on}
 
 
 # ---- up -----------------------------------------------------------------------------------
@@ -214,15 +251,7 @@ async def _status(config: ClusterConfig, args: argparse.Namespace) -> int:
 async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
     async with Client(config=config) as c:
         if args.action == "create":
-            settings = await c.create_queue(
-                args.queue,
-                visibility_timeout_s=args.visibility_timeout,
-                max_receives=args.max_receives,
-                dead_letter_queue=args.dead_letter_queue,
-                retention_s=args.retention,
-                dedup_window_s=args.dedup_window,
-                max_message_bytes=args.max_message_bytes,
-            )
+            settings = await c.create_queue(args.queue, **_kwargs(args))
             given = ", ".join(f"{k}={v}" for k, v in settings.to_wire().items() if v is not None)
             print(f"created {args.queue} ({given})")
         elif args.action == "delete":

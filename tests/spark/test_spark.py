@@ -10,22 +10,30 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
 from pyspark import TaskContext
 from pyspark.sql import functions as F
+from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import DataType, StructType
 
 import zdmq
 import zdmq.spark
 from tests.helpers import unique
+from zdmq.hashing import Placement
 from zdmq.local import LocalCluster
+from zdmq.spark import _io
+from zdmq.spark._options import ReadOptions
+from zdmq.spark.datasource import arrow_schema, read_schema_ddl
 
 pytestmark = pytest.mark.spark
 
@@ -49,6 +57,12 @@ async def _stats(cfg: Path, queue: str) -> zdmq.QueueStats:
         return await c.stats(queue)
 
 
+def pushed(cluster: LocalCluster, queue: str, bodies: list[bytes]) -> dict[str, bytes]:
+    """Creates `queue` and pushes `bodies`: message id -> body."""
+    ids = run(_create_and_push(cluster.config_path, queue, bodies))
+    return dict(zip(ids, bodies, strict=True))
+
+
 def stats(cluster: LocalCluster, queue: str) -> zdmq.QueueStats:
     return run(_stats(cluster.config_path, queue))
 
@@ -62,6 +76,11 @@ def bodies_of(n: int) -> list[bytes]:
         else:
             out.append(f'{{"event": {i}, "user": "u{i % 13}", "amount": {i % 100}}}'.encode())
     return out
+
+
+def owner_of(cluster: LocalCluster, message_id: str) -> str:
+    c = cluster.config
+    return Placement(list(c.node_ids), c.partitions, c.replication).owner(message_id)
 
 
 def counters(cluster: LocalCluster) -> Counter[str]:
@@ -88,8 +107,7 @@ def test_drain_writes_every_pushed_id_exactly_once_with_identical_bodies_and_ack
     spark: Any, cluster: LocalCluster, tmp_path: Path, n: int
 ) -> None:
     q = unique("drain")
-    bodies = bodies_of(n)
-    expected = dict(zip(run(_create_and_push(cluster.config_path, q, bodies)), bodies, strict=True))
+    expected = pushed(cluster, q, bodies_of(n))
     result = zdmq.spark.drain(spark, q, tmp_path / "out", config=cluster.config_path)
     assert result.ok and result.messages == n and result.acked == n, result
     assert sum(result.per_node.values()) == n and set(result.per_node) == set(cluster.nodes)
@@ -100,29 +118,43 @@ def test_drain_writes_every_pushed_id_exactly_once_with_identical_bodies_and_ack
     assert all(bytes(r.body) == expected[r.id] for r in rows)  # bodies byte for byte
     assert {r.encoding for r in rows} == {"utf-8", "base64"}
     assert all(r.receive_count == 1 for r in rows)
-    placement = cluster.config.node_ids
-    assert all(r.node in placement for r in rows)
+    assert all(r.node == owner_of(cluster, r.id) for r in rows)  # each task read its node
     left = stats(cluster, q)
     assert left.messages == 0 and left.in_flight == 0
 
 
-class FailFirstAttemptOf:
-    """A test-only transform: on its first attempt, the task of `node` raises after passing
-    `after` rows downstream (a real task failure, which Spark retries)."""
+class FailFirstAttempt:
+    """A test-only mapInArrow function (or drain transform): the first attempt of task
+    partition `partition` fails once `after` of its rows went through. It raises (a task
+    failure, which Spark retries), or with `kill` its Python worker exits on the spot, as
+    a killed executor process would: no Python cleanup runs. With `pushed_to` (cluster
+    file, queue) it first waits until that queue holds `after` messages, so that a writer
+    downstream did push them."""
 
-    def __init__(self, node: str, after: int) -> None:
-        self.node = node
+    def __init__(
+        self, partition: int, after: int, *, kill: bool = False, pushed_to: Any = None
+    ) -> None:
+        self.partition = partition
         self.after = after
+        self.kill = kill
+        self.pushed_to = pushed_to
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         ctx = TaskContext.get()
         assert ctx is not None
+        failing = ctx.partitionId() == self.partition and ctx.attemptNumber() == 0
         passed = 0
         for batch in batches:
-            if batch.num_rows and batch.column("node")[0].as_py() == self.node:
-                if ctx.attemptNumber() == 0 and passed >= self.after:
-                    raise RuntimeError(f"injected failure in the task of {self.node}")
-                passed += batch.num_rows
+            if failing and passed >= self.after:
+                if self.pushed_to is not None:
+                    deadline = time.monotonic() + 60
+                    while run(_stats(*self.pushed_to)).messages < self.after:
+                        assert time.monotonic() < deadline, "the writer never pushed"
+                        time.sleep(0.05)
+                if self.kill:
+                    os._exit(1)
+                raise RuntimeError(f"injected failure in task partition {self.partition}")
+            passed += batch.num_rows
             yield batch
 
 
@@ -131,14 +163,13 @@ def test_drain_whose_task_fails_on_its_first_attempt_writes_every_id_once_and_le
 ) -> None:
     q = unique("drain-fail")
     n = 8000
-    bodies = bodies_of(n)
-    expected = dict(zip(run(_create_and_push(cluster.config_path, q, bodies)), bodies, strict=True))
+    expected = pushed(cluster, q, bodies_of(n))
     result = zdmq.spark.drain(
         spark,
         q,
         tmp_path / "out",
         config=cluster.config_path,
-        transform=FailFirstAttemptOf("n2", after=600),
+        transform=FailFirstAttempt(1, after=600),  # task 1 leases node 2
     )
     assert result.ok and result.messages == n, result
 
@@ -148,9 +179,90 @@ def test_drain_whose_task_fails_on_its_first_attempt_writes_every_id_once_and_le
     assert all(bytes(r.body) == expected[r.id] for r in got)
     # The failed attempt leased n2's first rows and released them; the retry leased them again.
     again = [r for r in got if r.receive_count == 2]
-    assert len(again) >= 600 and {r.node for r in again} == {"n2"}
+    assert len(again) >= 600 and {r.node for r in again} == {cluster.config.node_ids[1]}
+    assert all(r.receive_count == 1 for r in got if r.node != cluster.config.node_ids[1])
     left = stats(cluster, q)
     assert left.messages == 0 and left.in_flight == 0
+
+
+@pytest.mark.slow  # ~13 s: Spark takes about 10 s to give up on a crashed Python worker
+def test_drain_whose_worker_is_killed_acks_only_what_it_wrote_and_leaves_the_rest_leased(
+    spark: Any, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    q = unique("drain-kill")
+    n = 3000
+    expected = pushed(cluster, q, [f"k{i}".encode() for i in range(n)])
+    # The first attempt of task 1 dies with its worker after 300 rows: no Python cleanup
+    # runs, so it releases nothing, and its rows are in no committed file.
+    result = zdmq.spark.drain(
+        spark,
+        q,
+        tmp_path / "out",
+        config=cluster.config_path,
+        inflight=1,  # batches of 100 rows, so that 300 are three of them
+        transform=FailFirstAttempt(1, after=300, kill=True),
+    )
+    rows = spark.read.parquet(str(tmp_path / "out")).select("id", "body", "node").collect()
+    assert result.ok and result.messages == result.acked == len(rows), result
+    ids = [r.id for r in rows]
+    assert len(ids) == len(set(ids)) and set(ids) <= set(expected)
+    assert all(bytes(r.body) == expected[r.id] for r in rows)
+    # What the killed attempt leased stays leased until visibility_s, unacked: exactly the
+    # messages not written, all of them on the node of task 1.
+    left = stats(cluster, q)
+    assert left.messages == left.in_flight == n - len(rows) >= 300, left
+    unwritten = set(expected) - set(ids)
+    assert {owner_of(cluster, i) for i in unwritten} == {cluster.config.node_ids[1]}
+
+
+class FailingCommitSink(DataSource):
+    """A test-only sink whose tasks succeed and whose job commit fails."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "zdmq_test_failing_commit"
+
+    def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
+        return _FailToCommit()
+
+
+@dataclass
+class _Counted(WriterCommitMessage):
+    rows: int
+
+
+class _FailToCommit(DataSourceWriter):
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _Counted(sum(1 for _ in iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        raise RuntimeError("injected job commit failure")
+
+
+def test_drain_whose_job_fails_to_commit_acks_nothing_and_releases_every_lease_at_once(
+    spark: Any, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    q = unique("drain-no-commit")
+    n = 1000
+    expected = pushed(cluster, q, [f"c{i}".encode() for i in range(n)])
+    spark.dataSource.register(FailingCommitSink)
+    with pytest.raises(Exception, match="injected job commit failure"):
+        zdmq.spark.drain(
+            spark, q, tmp_path / "never", config=cluster.config_path, fmt=FailingCommitSink.name()
+        )
+    left = stats(cluster, q)  # every task finished: the driver released all they leased
+    assert left.messages == n and left.in_flight == 0 and left.visible == n, left
+
+    async def receive_all() -> list[zdmq.ReceivedMessage]:
+        async with zdmq.Client.from_config(cluster.config_path) as c:
+            out: list[zdmq.ReceivedMessage] = []
+            while batch := await c.receive(q, 100):
+                out += batch
+            return out
+
+    back = run(receive_all())  # each once more, leased by the drain before
+    assert sorted(m.id for m in back) == sorted(expected)
+    assert {m.receive_count for m in back} == {2}
 
 
 # ---- the data source: streaming ---------------------------------------------------------------
@@ -223,31 +335,38 @@ def test_stream_available_now_stopped_half_way_and_restarted_as_producers_push_s
     assert stats(cluster, q).in_flight == 0
 
 
+def test_stream_batch_that_fails_on_one_node_releases_what_the_other_nodes_leased(
+    spark: Any, cluster: LocalCluster
+) -> None:
+    q = unique("lease-fail")
+    run(_create_and_push(cluster.config_path, q, [f"f{i}".encode() for i in range(400)]))
+    opts = ReadOptions.parse({"queue": q, "inflight": "1"})  # one receive call per node
+    ddl = read_schema_ddl("bytes", None, with_receipt=True)
+    schema = arrow_schema(cast(StructType, DataType.fromDDL(ddl)))
+
+    def fail_once_the_others_leased(node: socket.socket) -> None:
+        conn, _ = node.accept()
+        with conn:  # closed without a reply: that node's receive fails
+            conn.recv(65536)
+            deadline = time.monotonic() + 30
+            while stats(cluster, q).in_flight == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    with socket.create_server(("127.0.0.1", 0)) as node:
+        layout = cluster.config.to_dict()
+        layout["nodes"][-1]["port"] = node.getsockname()[1]
+        thread = threading.Thread(target=fail_once_the_others_leased, args=(node,))
+        thread.start()
+        try:
+            with pytest.raises(zdmq.NodeUnavailable):
+                run(_io.lease_all(layout, opts, 400, schema))
+        finally:
+            thread.join()
+    left = stats(cluster, q)  # the three nodes that answered leased, and were released
+    assert left.messages == 400 and left.in_flight == 0, left
+
+
 # ---- the data source: write -------------------------------------------------------------------
-class FailFirstAttemptOfPartition0:
-    """A test-only map: partition 0's first attempt raises once `after` of its rows went
-    through and the queue holds that many (so the writer did push them first)."""
-
-    def __init__(self, after: int, config: Path, queue: str) -> None:
-        self.after = after
-        self.config = config
-        self.queue = queue
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        ctx = TaskContext.get()
-        assert ctx is not None
-        passed = 0
-        for batch in batches:
-            if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and passed >= self.after:
-                deadline = time.monotonic() + 60
-                while run(_stats(self.config, self.queue)).messages < self.after:
-                    assert time.monotonic() < deadline, "the writer never pushed"
-                    time.sleep(0.05)
-                raise RuntimeError("injected failure in write partition 0")
-            passed += batch.num_rows
-            yield batch
-
-
 def test_write_of_50000_rows_with_a_task_retried_stores_each_row_exactly_once(
     spark: Any, cluster: LocalCluster
 ) -> None:
@@ -259,7 +378,9 @@ def test_write_of_50000_rows_with_a_task_retried_stores_each_row_exactly_once(
     df = (
         spark.range(0, n, 1, 2)
         .selectExpr("concat('row-', cast(id as string)) as body")
-        .mapInArrow(FailFirstAttemptOfPartition0(8000, cluster.config_path, q), "body string")
+        .mapInArrow(
+            FailFirstAttempt(0, after=8000, pushed_to=(cluster.config_path, q)), "body string"
+        )
     )
     (
         df.write.format("zdmq")
@@ -303,7 +424,49 @@ def test_write_pushes_rows_without_a_body_column_as_json_objects(
 
     import orjson
 
-    assert sorted(orjson.loads(b)["n"] for b in run(pop_all())) == [1, 2]
+    got = sorted((orjson.loads(b) for b in run(pop_all())), key=lambda o: o["n"])
+    assert got == [{"n": 1, "s": "a"}, {"n": 2, "s": "b"}]
+
+
+def test_write_run_again_with_the_same_write_id_stores_nothing_twice(
+    spark: Any, cluster: LocalCluster
+) -> None:
+    q = unique("write-again")
+    run(_create_and_push(cluster.config_path, q, []))
+    df = spark.range(0, 300, 1, 3).selectExpr("concat('r', cast(id as string)) as body")
+    write_id = unique("w")
+    for _ in range(2):
+        df.write.format("zdmq").options(
+            config=str(cluster.config_path), queue=q, write_id=write_id, batch_size="50"
+        ).mode("append").save()
+    assert stats(cluster, q).messages == 300
+    df.write.format("zdmq").options(config=str(cluster.config_path), queue=q).mode(
+        "append"
+    ).save()  # a new write id: a new job, new messages
+    assert stats(cluster, q).messages == 600
+
+
+def test_write_refuses_a_null_dedup_id_and_a_body_column_that_is_not_binary_or_string(
+    spark: Any, cluster: LocalCluster
+) -> None:
+    q = unique("write-bad")
+    run(_create_and_push(cluster.config_path, q, []))
+
+    def writer(df: Any) -> Any:
+        return df.write.format("zdmq").options(config=str(cluster.config_path), queue=q)
+
+    rows = spark.createDataFrame(
+        [("a", "d1"), ("b", None), ("c", None)], "body string, dedup_id string"
+    ).coalesce(1)
+    with pytest.raises(Exception, match="column dedup_id: null in row 1 of partition 0"):
+        writer(rows).mode("append").save()
+    with pytest.raises(Exception, match="option body_column: column 'id' is bigint"):
+        writer(spark.range(3)).option("body_column", "id").mode("append").save()
+    with pytest.raises(Exception, match="unknown option 'decode'"):
+        writer(rows).option("decode", "json").mode("append").save()
+    with pytest.raises(Exception, match="cannot be overwritten"):
+        writer(rows).mode("overwrite").save()
+    assert stats(cluster, q).messages == 0  # nothing pushed
 
 
 # ---- the data source: batch read ----------------------------------------------------------------

@@ -16,9 +16,9 @@ import asyncio
 import base64
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import pyarrow as pa
@@ -26,7 +26,7 @@ import pyarrow as pa
 from zdmq import _http
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
-from zdmq.models import AckResult
+from zdmq.models import AckResult, parse_receipt
 from zdmq.spark._options import ReadOptions
 
 __all__ = [
@@ -45,6 +45,8 @@ _IDLE_POLL_S = 0.05
 _SETTLE_SLICE = 2000
 _SETTLE_INFLIGHT = 8
 
+T = TypeVar("T")
+
 
 def cluster_from(layout: dict[str, Any]) -> ClusterConfig:
     return ClusterConfig.from_dict(layout)
@@ -52,6 +54,35 @@ def cluster_from(layout: dict[str, Any]) -> ClusterConfig:
 
 def _run(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
     return loop.run_until_complete(coro)
+
+
+async def _receive(
+    pool: _http.HttpPool, url: str, opts: ReadOptions, k: int
+) -> list[dict[str, Any]]:
+    """One lease call of up to `k` messages on the node at `url`, served by that node only."""
+    reply = await _http.call(
+        pool,
+        "POST",
+        f"{url}/v1/queues/{opts.queue}/receive",
+        params={"max": str(k), "visibility_s": repr(opts.visibility_s)},
+        headers=_ROUTE_LOCAL,
+    )
+    return list(reply.json()["messages"])
+
+
+def _sizes(want: int, opts: ReadOptions) -> list[int]:
+    """`want` messages as receive calls of at most `batch_size` each."""
+    return [min(opts.batch_size, want - i) for i in range(0, want, opts.batch_size)]
+
+
+async def _gather_all(calls: Sequence[Awaitable[T]]) -> tuple[list[T], BaseException | None]:
+    """Runs lease calls at once and waits for every one of them: the results of those that
+    succeeded, and the first error. When one fails the others' messages are leased all the
+    same, so the caller records them and releases them with the rest (plain `gather` would
+    raise at the first error and leave the others running, their leases unrecorded)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    error = next((r for r in results if isinstance(r, BaseException)), None)
+    return [r for r in results if not isinstance(r, BaseException)], error
 
 
 @dataclass(slots=True)
@@ -197,8 +228,8 @@ class NodeLeaser:
                     _run(loop, asyncio.sleep(0))
                 if fresh:
                     built = self.builder.build(fresh, self.node, time.time_ns() // 1000)
-                    for r in built.undecodable:
-                        self.receipt_of.pop(r.partition(".")[0], None)
+                    for r in built.undecodable:  # not acked: they come back, or dead-letter
+                        self.receipt_of.pop(parse_receipt(r)[0], None)
                     self.undecodable.extend(built.undecodable)
                     if built.batch is not None:
                         yield built.batch
@@ -224,22 +255,14 @@ class NodeLeaser:
         want = self.opts.batch_size * self.opts.inflight
         if self.limit is not None:
             want = min(want, self.limit - len(self.receipt_of))
-        sizes = []
-        while want > 0:
-            sizes.append(min(self.opts.batch_size, want))
-            want -= sizes[-1]
-        replies = await asyncio.gather(*(self._receive(pool, k) for k in sizes))
-        return [m for msgs in replies for m in msgs]
-
-    async def _receive(self, pool: _http.HttpPool, k: int) -> list[dict[str, Any]]:
-        reply = await _http.call(
-            pool,
-            "POST",
-            f"{self.url}/v1/queues/{self.opts.queue}/receive",
-            params={"max": str(k), "visibility_s": repr(self.opts.visibility_s)},
-            headers=_ROUTE_LOCAL,
+        replies, error = await _gather_all(
+            [_receive(pool, self.url, self.opts, k) for k in _sizes(want, self.opts)]
         )
-        return list(reply.json()["messages"])
+        msgs = [m for msgs in replies for m in msgs]
+        if error is not None:
+            self._dedup(msgs)  # the task fails: these are released with the rest
+            raise error
+        return msgs
 
 
 async def lease_all(
@@ -253,6 +276,7 @@ async def lease_all(
 
     In rounds: each node not yet found empty is asked for an equal part of what is still
     wanted (up to `inflight` receives of `batch_size` each), so no node starves the others.
+    If a node fails, what the others leased is released before the error is raised.
     """
     config = cluster_from(layout)
     pool = _http.HttpPool(timeout_s=config.request_timeout_s + 5.0)
@@ -260,25 +284,14 @@ async def lease_all(
     got: dict[str, list[dict[str, Any]]] = {n: [] for n in config.node_ids}
     active = list(config.node_ids)
 
-    async def one(url: str, k: int) -> list[dict[str, Any]]:
-        reply = await _http.call(
-            pool,
-            "POST",
-            f"{url}/v1/queues/{opts.queue}/receive",
-            params={"max": str(k), "visibility_s": repr(opts.visibility_s)},
-            headers=_ROUTE_LOCAL,
-        )
-        return list(reply.json()["messages"])
-
     async def node_round(node: str, want: int) -> bool:
-        sizes: list[int] = []
-        while want > 0 and len(sizes) < opts.inflight:
-            sizes.append(min(opts.batch_size, want))
-            want -= sizes[-1]
         url = config.node(node).url
-        replies = await asyncio.gather(*(one(url, k) for k in sizes))
+        sizes = _sizes(min(want, opts.batch_size * opts.inflight), opts)
+        replies, error = await _gather_all([_receive(pool, url, opts, k) for k in sizes])
         for msgs in replies:
             got[node].extend(msgs)
+        if error is not None:
+            raise error
         return all(len(msgs) == k for msgs, k in zip(replies, sizes, strict=True))
 
     try:
@@ -288,9 +301,18 @@ async def lease_all(
             wants = {n: min(part, left - part * i) for i, n in enumerate(active)}
             wants = {n: w for n, w in wants.items() if w > 0}
             before = sum(len(v) for v in got.values())
-            full = await asyncio.gather(*(node_round(n, w) for n, w in wants.items()))
-            active = [n for n, more in zip(wants, full, strict=True) if more]
+            rounds, error = await _gather_all([node_round(n, w) for n, w in wants.items()])
+            if error is not None:
+                raise error
+            active = [n for n, more in zip(wants, rounds, strict=True) if more]
             left -= sum(len(v) for v in got.values()) - before
+    except BaseException:
+        # The micro-batch fails: give back at once what the nodes that answered leased.
+        with contextlib.suppress(Exception):
+            await _settle(
+                layout, opts.queue, "nack", [m["receipt"] for v in got.values() for m in v]
+            )
+        raise
     finally:
         await pool.close()
     now_us = time.time_ns() // 1000
@@ -306,32 +328,32 @@ def settle(
 ) -> AckResult:
     """Acks or nacks (releases) receipts; a node that cannot be reached is reported per
     receipt (`node_unavailable`), never raised: its leases simply run out."""
+    if loop is not None:
+        result: AckResult = loop.run_until_complete(_settle(layout, queue, action, receipts))
+        return result
+    return asyncio.run(_settle(layout, queue, action, receipts))
+
+
+async def _settle(
+    layout: dict[str, Any], queue: str, action: str, receipts: Sequence[str]
+) -> AckResult:
     if not receipts:
         return AckResult(0)
+    async with Client(config=cluster_from(layout)) as c:
+        # Slices settled at once: each call makes one request per node, so several
+        # slices keep several requests (and group commits) in flight per node.
+        slices = [receipts[i : i + _SETTLE_SLICE] for i in range(0, len(receipts), _SETTLE_SLICE)]
+        gate = asyncio.Semaphore(_SETTLE_INFLIGHT)
 
-    async def go() -> AckResult:
-        async with Client(config=cluster_from(layout)) as c:
-            # Slices settled at once: each call makes one request per node, so several
-            # slices keep several requests (and group commits) in flight per node.
-            slices = [
-                receipts[i : i + _SETTLE_SLICE] for i in range(0, len(receipts), _SETTLE_SLICE)
-            ]
-            gate = asyncio.Semaphore(_SETTLE_INFLIGHT)
+        async def one(part: Sequence[str]) -> AckResult:
+            async with gate:
+                return await (c.ack(queue, part) if action == "ack" else c.nack(queue, part))
 
-            async def one(part: Sequence[str]) -> AckResult:
-                async with gate:
-                    return await (c.ack(queue, part) if action == "ack" else c.nack(queue, part))
-
-            results = await asyncio.gather(*(one(p) for p in slices))
-            failed: dict[str, str] = {}
-            for r in results:
-                failed.update(r.failed)
-            return AckResult(sum(r.done for r in results), failed)
-
-    if loop is not None:
-        result: AckResult = loop.run_until_complete(go())
-        return result
-    return asyncio.run(go())
+        results = await asyncio.gather(*(one(p) for p in slices))
+        failed: dict[str, str] = {}
+        for r in results:
+            failed.update(r.failed)
+        return AckResult(sum(r.done for r in results), failed)
 
 
 def push_batches(

@@ -32,31 +32,6 @@ MAX_MESSAGES_PER_BATCH = 100_000
 _MAX_INFLIGHT = 32
 
 
-def _int(raw: Any, name: str, lo: int, hi: int) -> int:
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-    except ValueError:
-        raise ValueError(f"option {name}: expected an integer, got {raw!r}") from None
-    if isinstance(raw, bool) or not lo <= value <= hi:
-        raise ValueError(f"option {name}: {raw!r} is not in {lo}..{hi}")
-    return value
-
-
-def _float(raw: Any, name: str, lo: float, hi: float) -> float:
-    try:
-        value = float(str(raw).strip()) if not isinstance(raw, int | float) else float(raw)
-    except ValueError:
-        raise ValueError(f"option {name}: expected a number, got {raw!r}") from None
-    if isinstance(raw, bool) or not lo <= value <= hi:
-        raise ValueError(f"option {name}: {raw!r} is not in {lo:g}..{hi:g}")
-    return value
-
-
-def _lower(options: Mapping[str, Any]) -> dict[str, Any]:
-    # Spark hands data sources case-insensitive options; keyword callers use snake_case.
-    return {str(k).lower(): v for k, v in options.items() if v is not None}
-
-
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
     """How a task leases from a node and how rows carry the body.
@@ -88,38 +63,23 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> ReadOptions:
-        o = _lower(options)
-        queue = o.get("queue")
-        if not queue:
-            raise ValueError('option queue: required (.option("queue", "name"))')
-        decode = str(o.get("decode", "bytes")).lower()
-        if decode not in DECODES:
-            raise ValueError(f"option decode: expected one of {', '.join(DECODES)}, got {decode!r}")
-        json_schema = o.get("json_schema")
+        o = _Given(cls, options)
+        decode = o.choice("decode", DECODES)
+        json_schema = o.text("json_schema") or None
         if decode == "json" and not json_schema:
             raise ValueError('option json_schema: required with decode=json ("a long, b string")')
         if decode != "json" and json_schema:
             raise ValueError("option json_schema: only with decode=json")
-        max_messages = o.get("max_messages")
         return cls(
-            queue=str(queue),
-            batch_size=_int(o.get("batch_size", MAX_RECEIVE), "batch_size", 1, MAX_RECEIVE),
-            inflight=_int(o.get("inflight", 8), "inflight", 1, _MAX_INFLIGHT),
-            visibility_s=_float(
-                o.get("visibility_s", 300.0), "visibility_s", 1.0, MAX_VISIBILITY_S
-            ),
-            wait_s=_float(o.get("wait_s", 0.0), "wait_s", 0.0, MAX_WAIT_S),
-            max_messages=None
-            if max_messages is None
-            else _int(max_messages, "max_messages", 1, 1 << 62),
-            max_messages_per_batch=_int(
-                o.get("max_messages_per_batch", 10_000),
-                "max_messages_per_batch",
-                1,
-                MAX_MESSAGES_PER_BATCH,
-            ),
+            queue=o.queue(),
+            batch_size=o.integer("batch_size", 1, MAX_RECEIVE),
+            inflight=o.integer("inflight", 1, _MAX_INFLIGHT),
+            visibility_s=o.number("visibility_s", 1.0, MAX_VISIBILITY_S),
+            wait_s=o.number("wait_s", 0.0, MAX_WAIT_S),
+            max_messages=o.integer("max_messages", 1, 1 << 62) if o.given("max_messages") else None,
+            max_messages_per_batch=o.integer("max_messages_per_batch", 1, MAX_MESSAGES_PER_BATCH),
             decode=decode,
-            json_schema=str(json_schema) if json_schema else None,
+            json_schema=json_schema,
         )
 
 
@@ -128,11 +88,12 @@ class WriteOptions:
     """How `df.write.format("zdmq")` pushes rows.
 
     queue          the queue to push to (required)
-    batch_size     rows per push_many call, 1..max_batch_messages (500)
+    batch_size     rows per push_many call, 1..100000 (500); the client splits a call
+                   by owning node and by the cluster's max_batch_messages
     inflight       push_many calls in flight per task, 1..32 (4)
-    write_id       the prefix of every row's dedup id (default: fresh per write job).
-                   Give the same one to re-run a failed job within the queue's dedup
-                   window without storing any row twice.
+    write_id       the prefix of every row's dedup id, 1..128 characters (default: fresh
+                   per write job). Give the same one to re-run a failed job within the
+                   queue's dedup window without storing any row twice.
     body_column    the column that holds the body (binary or string). Default: `body`
                    if the frame has one, else each row as a JSON object.
     """
@@ -145,26 +106,80 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> WriteOptions:
-        o = _lower(options)
-        queue = o.get("queue")
-        if not queue:
-            raise ValueError('option queue: required (.option("queue", "name"))')
-        write_id = o.get("write_id")
-        if write_id is not None and not 1 <= len(str(write_id)) <= 128:
-            raise ValueError("option write_id: expected 1..128 characters")
+        o = _Given(cls, options)
+        write_id = o.text("write_id")
+        if write_id is not None and not 1 <= len(write_id) <= 128:
+            raise ValueError(f"option write_id: expected 1..128 characters, got {len(write_id)}")
         return cls(
-            queue=str(queue),
-            batch_size=_int(o.get("batch_size", 500), "batch_size", 1, 100_000),
-            inflight=_int(o.get("inflight", 4), "inflight", 1, _MAX_INFLIGHT),
-            write_id=str(write_id) if write_id is not None else None,
-            body_column=str(o["body_column"]) if o.get("body_column") else None,
+            queue=o.queue(),
+            batch_size=o.integer("batch_size", 1, 100_000),
+            inflight=o.integer("inflight", 1, _MAX_INFLIGHT),
+            write_id=write_id,
+            body_column=o.text("body_column") or None,
         )
 
 
-# Options that are not about reading or writing but about reaching the cluster.
-CONNECTION_OPTIONS = ("config", "urls")
-READ_OPTION_NAMES = frozenset(f.name for f in fields(ReadOptions)) | set(CONNECTION_OPTIONS)
-WRITE_OPTION_NAMES = frozenset(f.name for f in fields(WriteOptions)) | set(CONNECTION_OPTIONS)
+# Not read here: how to reach the cluster (datasource.load_layout reads `config` and
+# `urls`), and the `path` Spark passes along with load(path) / save(path).
+_PASSED_THROUGH = frozenset({"config", "urls", "path"})
+
+
+class _Given:
+    """Options as given, read one at a time: names are case-insensitive (Spark hands data
+    sources lowercased names, keyword callers use snake_case), an unknown name is refused
+    (a typo fails the query instead of being ignored), a missing one takes its field's
+    default, and every error names the option."""
+
+    def __init__(self, cls: type[ReadOptions | WriteOptions], options: Mapping[str, Any]) -> None:
+        self.defaults = {f.name: f.default for f in fields(cls)}
+        self.values = {str(k).lower(): v for k, v in options.items() if v is not None}
+        known = self.defaults.keys() | _PASSED_THROUGH
+        for name in self.values:
+            if name not in known:
+                raise ValueError(f"unknown option {name!r} (known: {', '.join(sorted(known))})")
+
+    def given(self, name: str) -> bool:
+        return name in self.values
+
+    def _raw(self, name: str) -> Any:
+        return self.values.get(name, self.defaults[name])
+
+    def queue(self) -> str:
+        queue = self.values.get("queue")
+        if not queue:
+            raise ValueError('option queue: required (.option("queue", "name"))')
+        return str(queue)
+
+    def text(self, name: str) -> str | None:
+        raw = self._raw(name)
+        return None if raw is None else str(raw)
+
+    def choice(self, name: str, allowed: Sequence[str]) -> str:
+        value = str(self._raw(name)).lower()
+        if value not in allowed:
+            raise ValueError(f"option {name}: expected one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    def integer(self, name: str, lo: int, hi: int) -> int:
+        value: int = self._parse(name, int, lo, hi)
+        return value
+
+    def number(self, name: str, lo: float, hi: float) -> float:
+        value: float = self._parse(name, float, lo, hi)
+        return value
+
+    def _parse(self, name: str, kind: type[int] | type[float], lo: float, hi: float) -> Any:
+        # Spark hands every option as a string; str() first makes keyword callers' values
+        # take the same path (and refuses True or 2.5 for an integer).
+        raw = self._raw(name)
+        try:
+            value = kind(str(raw).strip())
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"option {name}: expected {what}, got {raw!r}") from None
+        if not lo <= value <= hi:  # also refuses nan
+            raise ValueError(f"option {name}: {raw!r} is not in {lo}..{hi}")
+        return value
 
 
 def node_shares(total: int | None, nodes: Sequence[str]) -> dict[str, int | None]:

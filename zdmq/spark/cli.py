@@ -7,48 +7,39 @@ works without pyspark.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["demo_part", "drain_command"]
 
 DEMO_SCHEMA = "event long, user string, amount long"
 
 
-def drain_command(config_path: str, args: Any) -> int:
+def drain_command(config_path: str, queue: str, out: str, master: str, **options: Any) -> int:
+    """`zdmq spark drain`: `options` are `zdmq.spark.drain`'s keyword arguments."""
     from zdmq.spark.datasource import check_queue
-    from zdmq.spark.drain import drain, session
+    from zdmq.spark.drain import drain
 
-    check_queue(ClusterConfig.load(config_path).to_dict(), args.queue)  # before the JVM starts
-    spark = session(args.master, app_name=f"zdmq-drain-{args.queue}")
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        result = drain(
-            spark,
-            args.queue,
-            args.out,
-            config=config_path,
-            fmt=args.format,
-            mode=args.mode,
-            max_messages=args.max_messages,
-            batch_size=args.batch_size,
-            visibility_s=args.visibility,
-            decode=args.decode,
-            json_schema=args.json_schema,
-        )
-    finally:
-        spark.stop()
+    check_queue(ClusterConfig.load(config_path).to_dict(), queue)  # before the JVM starts
+    with _spark(master, f"zdmq-drain-{queue}") as spark:
+        result = drain(spark, queue, out, config=config_path, **options)
     per_node = " ".join(f"{n}={c}" for n, c in sorted(result.per_node.items()))
     print(
         f"drained {result.messages} messages of {result.queue} into {result.out} "
-        f"({args.format}) in {result.seconds:.2f}s ({result.rate:,.0f}/s; {per_node})"
+        f"({options.get('fmt', 'parquet')}) in {result.seconds:.2f}s ({result.rate:,.0f}/s; "
+        f"{per_node})"
     )
     print(
         f"acked {result.acked}" + (f"; not acked: {result.ack_failed}" if result.ack_failed else "")
@@ -63,7 +54,7 @@ def demo_part(config: ClusterConfig, n: int, master: str, out: str | None) -> bo
     per user into Parquet, prints the aggregate and checks it against what was pushed."""
     from pyspark.sql import functions as F
 
-    from zdmq.spark.drain import drain, session
+    from zdmq.spark.drain import drain
 
     queue = f"demo-spark-{uuid.uuid4().hex[:8]}"
     events = [(i, f"u{i % 7}", (i * 37) % 101) for i in range(n)]  # event, user, amount
@@ -82,10 +73,8 @@ def demo_part(config: ClusterConfig, n: int, master: str, out: str | None) -> bo
     print(f"spark: pushed {n} JSON events to {queue} in {time.perf_counter() - t0:.2f}s")
     base = Path(out or tempfile.mkdtemp(prefix="zdmq-demo-"))
     t0 = time.perf_counter()
-    spark = session(master, app_name="zdmq-demo")
-    spark.sparkContext.setLogLevel("ERROR")
-    print(f"spark: session on {master} ready in {time.perf_counter() - t0:.1f}s")
-    try:
+    with _spark(master, "zdmq-demo") as spark:
+        print(f"spark: session on {master} ready in {time.perf_counter() - t0:.1f}s")
         result = drain(
             spark,
             queue,
@@ -108,8 +97,6 @@ def demo_part(config: ClusterConfig, n: int, master: str, out: str | None) -> bo
         )
         agg.write.mode("overwrite").parquet(str(base / "per_user"))
         rows = spark.read.parquet(str(base / "per_user")).orderBy("user").collect()
-    finally:
-        spark.stop()
 
     expected: dict[str, list[int]] = {}
     for _, user, amount in events:
@@ -121,7 +108,7 @@ def demo_part(config: ClusterConfig, n: int, master: str, out: str | None) -> bo
     for r in rows:
         print(f"  {r.user:<6} {r.events:>8} {r.amount:>10}")
     got = {r.user: [r.events, r.amount] for r in rows}
-    left = asyncio.run(_depth(config, queue))
+    left = asyncio.run(_count_and_delete(config, queue))
     ok = got == expected and result.ok and left == 0
     print(
         f"spark: aggregate {'matches' if got == expected else 'DIFFERS FROM'} what was pushed; "
@@ -130,7 +117,20 @@ def demo_part(config: ClusterConfig, n: int, master: str, out: str | None) -> bo
     return ok
 
 
-async def _depth(config: ClusterConfig, queue: str) -> int:
+@contextlib.contextmanager
+def _spark(master: str, app_name: str) -> Iterator[SparkSession]:
+    """A zdmq SparkSession that logs errors only, stopped on the way out."""
+    from zdmq.spark.drain import session
+
+    spark = session(master, app_name=app_name)
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+async def _count_and_delete(config: ClusterConfig, queue: str) -> int:
     async with Client(config=config) as c:
         messages = (await c.stats(queue)).messages
         await c.delete_queue(queue)

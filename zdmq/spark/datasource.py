@@ -26,8 +26,10 @@ Where each piece runs, and what it promises:
 - **Write** (`ZdmqWriter`): each task pushes its rows in `push_many` batches with dedup ids
   `<write id>/<task partition>/<row index>`; the write id is fixed when the job is planned,
   so a retried task pushes the same ids again and the nodes store each row once (within the
-  queue's `dedup_window_s`). Not transactional: a failed job leaves the rows its finished
-  tasks pushed; re-run it with the same `write_id` option to finish it without duplicates.
+  queue's `dedup_window_s`), provided the retry sees its rows in the same order (not so
+  after a shuffle: sort within partitions, or give a `dedup_id` column). Not
+  transactional: a failed job leaves the rows its finished tasks pushed; re-run it with the
+  same `write_id` option to finish it without duplicates.
 """
 
 from __future__ import annotations
@@ -55,14 +57,12 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BinaryType, StringType, StructType
 
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
 from zdmq.spark import _io
 from zdmq.spark._options import (
-    READ_OPTION_NAMES,
-    WRITE_OPTION_NAMES,
     ReadOptions,
     WriteOptions,
     node_shares,
@@ -136,14 +136,6 @@ def check_queue(layout: dict[str, Any], queue: str) -> None:
     asyncio.run(go())
 
 
-def _check_names(options: dict[str, str], known: frozenset[str], what: str) -> None:
-    for key in options:
-        if key.lower() not in known and key.lower() != "path":
-            raise ValueError(
-                f"zdmq {what}: unknown option {key!r} (known: {', '.join(sorted(known))})"
-            )
-
-
 class _NodePartition(InputPartition):
     def __init__(self, node: str, limit: int | None) -> None:
         self.node = node
@@ -171,15 +163,12 @@ class ZdmqDataSource(DataSource):
         return read_schema_ddl(o.decode, o.json_schema, with_receipt=True)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        _check_names(dict(self.options), READ_OPTION_NAMES, "read")
         return ZdmqBatchReader(dict(self.options), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        _check_names(dict(self.options), READ_OPTION_NAMES, "readStream")
         return ZdmqStreamReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> ZdmqWriter:
-        _check_names(dict(self.options), WRITE_OPTION_NAMES, "write")
         if overwrite:
             raise ValueError("zdmq write: a queue cannot be overwritten; use mode('append')")
         return ZdmqWriter(dict(self.options), schema)
@@ -380,8 +369,15 @@ class ZdmqWriter(DataSourceArrowWriter):
         self.write_id = self.opts.write_id or uuid.uuid4().hex
         names = schema.fieldNames()
         self.body_column = self.opts.body_column or ("body" if "body" in names else None)
-        if self.body_column is not None and self.body_column not in names:
-            raise ValueError(f"option body_column: no column {self.body_column!r} in {names}")
+        if self.body_column is not None:
+            if self.body_column not in names:
+                raise ValueError(f"option body_column: no column {self.body_column!r} in {names}")
+            body_type = schema[self.body_column].dataType
+            if not isinstance(body_type, BinaryType | StringType):
+                raise ValueError(
+                    f"option body_column: column {self.body_column!r} is "
+                    f"{body_type.simpleString()}, expected binary or string"
+                )
         self.dedup_column = "dedup_id" if "dedup_id" in names else None
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
@@ -394,7 +390,13 @@ class ZdmqWriter(DataSourceArrowWriter):
             for batch in iterator:
                 bodies = self._bodies(batch)
                 if self.dedup_column is not None:
-                    dedup = [str(d) for d in batch.column(self.dedup_column).to_pylist()]
+                    dedup = batch.column(self.dedup_column).to_pylist()
+                    if None in dedup:  # str(None) would make every such row one message
+                        raise ValueError(
+                            f"column dedup_id: null in row {rows + dedup.index(None)} of "
+                            f"partition {partition}"
+                        )
+                    dedup = [str(d) for d in dedup]
                 else:
                     dedup = [
                         write_dedup_id(self.write_id, partition, rows + i)

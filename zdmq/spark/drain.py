@@ -14,7 +14,9 @@ commit succeeded, the driver acks them.
 - A task that fails in Python (its own code or `transform`) releases its leases at once, so
   its retry leases the same messages again; a task whose process dies leaves leases that
   expire after `visibility_s`, and those messages wait in the queue for the next drain.
-- A failed write (or driver) acks nothing: every lease expires and every message returns.
+- A failed write acks nothing: the driver releases what the finished tasks leased, and
+  the leases of tasks cut short expire; every message returns. A driver that dies acks
+  nothing either: every lease expires.
 - No duplicate in the output: a message lives on the one node its id hashes to and one task
   reads each node, keeping the first delivery of an id (a lease that ran out mid-task brings
   the message back to the same task, which skips it but keeps the newer receipt).
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from pyspark import AccumulatorParam
+from pyspark import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import DataType, StructType
 
@@ -196,16 +198,28 @@ def drain(
     assert isinstance(rows_schema, StructType)
     tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
     shares = node_shares(opts.max_messages, cfg.node_ids)
-    report = spark.sparkContext.accumulator([], _Collect())
+    # (node, receipts, undecodable) per finished task
+    report: Accumulator[list[tuple[str, list[str], int]]] = spark.sparkContext.accumulator(
+        [], _Collect()
+    )
     task = _DrainTask(layout, shares, opts, arrow_schema(rows_schema, tz), report, transform)
     n = len(cfg.node_ids)
     df = spark.range(0, n, 1, n).mapInArrow(task, transform_schema or rows_schema)
     writer = df.write.format(fmt).mode(mode)
     if write_options:
         writer = writer.options(**write_options)
-    writer.save(str(out))
+    try:
+        writer.save(str(out))
+    except BaseException:
+        # Nothing of this job is committed: give back at once what its finished tasks
+        # leased, rather than let it wait out visibility_s. (If the commit did happen and
+        # only something after it failed, the messages are drained again: duplicates
+        # across runs, never a loss.)
+        reports = report.value
+        _io.settle(layout, queue, "nack", [r for _, rs, _ in reports for r in rs])
+        raise
     # The write's job committed: only now is anything acked.
-    reports: list[tuple[str, list[str], int]] = report.value
+    reports = report.value
     receipts = [r for _, rs, _ in reports for r in rs]
     acking = time.perf_counter()
     result = _io.settle(layout, queue, "ack", receipts)
