@@ -10,22 +10,36 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import os
 import re
+import sys
 import uuid
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from itertools import accumulate, pairwise
 from typing import Any
 
-from zdmq.errors import BadRequest, InvalidMessage, InvalidQueueName, MessageTooLarge
+from zdmq.errors import (
+    BadRequest,
+    BatchTooLarge,
+    InvalidMessage,
+    InvalidQueueName,
+    MessageTooLarge,
+)
 
 __all__ = [
+    "BATCH_CONTENT_TYPE",
     "AckResult",
+    "Batch",
     "Message",
     "QueueSettings",
     "QueueStats",
     "ReceivedMessage",
+    "decode_batch",
     "decode_body",
     "dedup_message_id",
+    "encode_batch",
     "encode_body",
     "make_receipt",
     "message_from_wire",
@@ -186,8 +200,16 @@ def validate_queue_name(name: str) -> str:
     return name
 
 
+_urandom = os.urandom
+# The variant nibble of a UUID4 is 10xx: 8, 9, a or b, keeping the random low two bits.
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+
+
 def new_message_id() -> str:
-    return str(uuid.uuid4())
+    """A random (version 4) UUID in canonical form: `str(uuid.uuid4())` at about a third
+    of its cost (no UUID object), with the version and variant bits set the same way."""
+    h = _urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
 # Namespace of the ids derived from dedup ids (uuid5 of queue and dedup id).
@@ -208,16 +230,10 @@ def make_receipt(msg_id: str, token: str) -> str:
 
 def parse_receipt(receipt: Any) -> tuple[str, str]:
     """(message id, lease token) of a receipt; InvalidMessage if it is not one."""
-    if not isinstance(receipt, str) or receipt.count(".") != 1:
+    m = _RECEIPT.fullmatch(receipt) if isinstance(receipt, str) else None
+    if m is None:
         raise InvalidMessage(f"receipt {receipt!r} is not a zdmq receipt")
-    mid, token = receipt.split(".")
-    try:
-        validate_message_id(mid)
-    except InvalidMessage:
-        raise InvalidMessage(f"receipt {receipt!r} is not a zdmq receipt") from None
-    if not 1 <= len(token) <= 64 or not (token.isascii() and token.isalnum()):
-        raise InvalidMessage(f"receipt {receipt!r} is not a zdmq receipt")
-    return mid, token
+    return m[1], m[2]
 
 
 ReceiptRef = tuple[str, str, str]  # (receipt, message id, lease token)
@@ -230,17 +246,25 @@ def group_receipts(
     (receipt -> "invalid_receipt"), which are reported rather than refused."""
     by_owner: dict[str, list[ReceiptRef]] = {}
     invalid: dict[str, str] = {}
+    match = _RECEIPT.fullmatch
     for r in receipts:
-        try:
-            mid, token = parse_receipt(r)
-        except InvalidMessage:
+        m = match(r) if isinstance(r, str) else None
+        if m is None:
             invalid[str(r)] = "invalid_receipt"
             continue
-        by_owner.setdefault(owner_of(mid), []).append((r, mid, token))
+        mid = m[1]
+        owner = owner_of(mid)
+        part = by_owner.get(owner)
+        if part is None:
+            part = by_owner[owner] = []
+        part.append((r, mid, m[2]))
     return by_owner, invalid
 
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UUID_RE = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_CANONICAL_UUID = re.compile(_UUID_RE)
+# A receipt: a canonical message id, a dot, a token of 1..64 ASCII letters and digits.
+_RECEIPT = re.compile(f"({_UUID_RE})\\.([A-Za-z0-9]{{1,64}})")
 
 
 def validate_message_id(value: str) -> str:
@@ -302,3 +326,190 @@ def received_from_wire(item: Any) -> ReceivedMessage:
     if not isinstance(receipt, str) or not isinstance(count, int):
         raise InvalidMessage("reply message: expected a receipt and a receive_count")
     return ReceivedMessage(m.id, m.body, receipt, count, m.content_type)
+
+
+# ---- the binary batch format ---------------------------------------------------------------
+# Batches of messages (push_many, and the replies of receive and pop_many) and of receipts
+# (ack, nack, extend) in a compact columnar frame, for clients that ask for it with
+# `Content-Type` / `Accept: application/x-zdmq-batch` (docs/api.md). No JSON, no base64:
+# a batch of n messages is a few list operations, not n objects to parse.
+#
+#   frame   = "ZQB1" | count u32 | fields u32 | one column per field bit set, in bit order
+#   ids     = count x 36 bytes: canonical UUIDs in ASCII, or 36 NUL bytes for "no id"
+#   strings = count x u32 lengths (0xFFFFFFFF: none) | the values, concatenated
+#   counts  = count x u32
+# Integers are unsigned little-endian; the frame ends exactly where its last column does.
+BATCH_CONTENT_TYPE = "application/x-zdmq-batch"
+BATCH_IDS = 1  # ids column: message ids
+BATCH_BODIES = 2  # strings column, none absent: message bodies
+BATCH_CONTENT_TYPES = 4  # strings column (UTF-8): content types
+BATCH_DEDUP_IDS = 8  # strings column (UTF-8): dedup ids (a pushed message with one has no id)
+BATCH_RECEIPTS = 16  # strings column (ASCII): receipts
+BATCH_RECEIVE_COUNTS = 32  # counts column: receive counts
+_BATCH_FIELDS = (
+    BATCH_IDS | BATCH_BODIES | BATCH_CONTENT_TYPES | BATCH_DEDUP_IDS | BATCH_RECEIPTS
+) | BATCH_RECEIVE_COUNTS
+_BATCH_MAGIC = b"ZQB1"
+_BATCH_HEAD = 12
+_NONE = 0xFFFFFFFF
+_NO_ID = "\x00" * 36
+_IDS_COLUMN = re.compile(f"(?:{_UUID_RE}|\x00{{36}})*".encode())
+_SWAP = sys.byteorder != "little"
+assert array("I").itemsize == 4
+
+
+@dataclass(slots=True)
+class Batch:
+    """The columns of one batch frame; a column the frame does not have is None."""
+
+    count: int
+    ids: list[str | None] | None = None
+    bodies: list[bytes] | None = None
+    content_types: list[str | None] | None = None
+    dedup_ids: list[str | None] | None = None
+    receipts: list[str | None] | None = None
+    receive_counts: list[int] | None = None
+
+
+def _u32s(values: Iterable[int]) -> bytes:
+    a = array("I", values)
+    if _SWAP:  # pragma: no cover - no big-endian machine here
+        a.byteswap()
+    return a.tobytes()
+
+
+def _strings(values: Sequence[bytes | str | None]) -> list[bytes]:
+    """A strings column: its lengths table and its data."""
+    data = [v.encode() if isinstance(v, str) else v for v in values]
+    lengths = _u32s([_NONE if v is None else len(v) for v in data])
+    return [lengths, b"".join([v for v in data if v is not None])]
+
+
+def encode_batch(
+    *,
+    ids: Sequence[str | None] | None = None,
+    bodies: Sequence[bytes] | None = None,
+    content_types: Sequence[str | None] | None = None,
+    dedup_ids: Sequence[str | None] | None = None,
+    receipts: Sequence[str | None] | None = None,
+    receive_counts: Sequence[int] | None = None,
+) -> bytes:
+    """A batch frame of the columns given (all of the same length). A column of
+    optional strings that holds only None is left out: a reader takes it as all None."""
+    columns = (ids, bodies, content_types, dedup_ids, receipts, receive_counts)
+    given = [c for c in columns if c is not None]
+    count = len(given[0]) if given else 0
+    if any(len(c) != count for c in given):
+        raise ValueError("the columns of a batch must all have one value per message")
+    fields = 0
+    parts: list[bytes] = []
+    if ids is not None:
+        fields |= BATCH_IDS
+        parts.append("".join([_NO_ID if i is None else i for i in ids]).encode("ascii"))
+    if bodies is not None:
+        fields |= BATCH_BODIES
+        parts += [_u32s([len(b) for b in bodies]), b"".join(bodies)]
+    for bit, column in (
+        (BATCH_CONTENT_TYPES, content_types),
+        (BATCH_DEDUP_IDS, dedup_ids),
+        (BATCH_RECEIPTS, receipts),
+    ):
+        if column is not None and any(v is not None for v in column):
+            fields |= bit
+            parts += _strings(column)
+    if receive_counts is not None:
+        fields |= BATCH_RECEIVE_COUNTS
+        parts.append(_u32s(receive_counts))
+    head = _BATCH_MAGIC + _u32s((count, fields))
+    return head + b"".join(parts)
+
+
+def decode_batch(frame: bytes, *, max_count: int | None = None) -> Batch:
+    """The columns of a batch frame; BadRequest naming what is wrong with a bad one (a
+    short or long frame, an unknown field, a bad id, a string that is not UTF-8), and
+    BatchTooLarge when it holds more than `max_count` messages."""
+    if len(frame) < _BATCH_HEAD or frame[:4] != _BATCH_MAGIC:
+        raise BadRequest(f"a {BATCH_CONTENT_TYPE} body starts with {_BATCH_MAGIC!r}, count, fields")
+    count, fields = _read_u32s(frame, 4, 2)
+    if fields & ~_BATCH_FIELDS:
+        raise BadRequest(f"batch frame: unknown field bits {fields & ~_BATCH_FIELDS:#x}")
+    if max_count is not None and count > max_count:
+        raise BatchTooLarge(f"{count} messages is over the batch limit of {max_count}")
+    batch = Batch(count)
+    pos = _BATCH_HEAD
+    n = len(frame)
+    if fields & BATCH_IDS:
+        end = pos + 36 * count
+        if end > n:
+            raise BadRequest("batch frame: the ids column is cut short")
+        region = frame[pos:end]
+        if not _IDS_COLUMN.fullmatch(region):
+            raise BadRequest(f"batch frame: {_bad_id(region)}")
+        text = region.decode("ascii")
+        ids: list[str | None] = [text[i : i + 36] for i in range(0, 36 * count, 36)]
+        if "\x00" in text:
+            ids = [None if i == _NO_ID else i for i in ids]
+        batch.ids = ids
+        pos = end
+    if fields & BATCH_BODIES:
+        values, pos = _read_strings(frame, pos, count, "bodies")
+        if None in values:
+            raise BadRequest("batch frame: a message has no body")
+        batch.bodies = values  # type: ignore[assignment]  # none is None (checked)
+    for bit, name in (
+        (BATCH_CONTENT_TYPES, "content_types"),
+        (BATCH_DEDUP_IDS, "dedup_ids"),
+        (BATCH_RECEIPTS, "receipts"),
+    ):
+        if fields & bit:
+            raw, pos = _read_strings(frame, pos, count, name)
+            setattr(batch, name, _texts(raw, name))
+    if fields & BATCH_RECEIVE_COUNTS:
+        if pos + 4 * count > n:
+            raise BadRequest("batch frame: the receive_counts column is cut short")
+        batch.receive_counts = _read_u32s(frame, pos, count).tolist()
+        pos += 4 * count
+    if pos != n:
+        raise BadRequest(f"batch frame: {n - pos} bytes after its last column")
+    return batch
+
+
+def _read_u32s(frame: bytes, pos: int, k: int) -> array[int]:
+    a = array("I")
+    a.frombytes(frame[pos : pos + 4 * k])
+    if _SWAP:  # pragma: no cover - no big-endian machine here
+        a.byteswap()
+    return a
+
+
+def _read_strings(frame: bytes, pos: int, count: int, name: str) -> tuple[list[bytes | None], int]:
+    table_end = pos + 4 * count
+    if table_end > len(frame):
+        raise BadRequest(f"batch frame: the {name} column is cut short")
+    lengths = _read_u32s(frame, pos, count)
+    absent = _NONE in lengths
+    sizes = [0 if k == _NONE else k for k in lengths] if absent else lengths.tolist()
+    end = table_end + sum(sizes)
+    if end > len(frame):
+        raise BadRequest(f"batch frame: the {name} column is cut short")
+    data = frame[table_end:end]
+    values: list[bytes | None] = [data[a:b] for a, b in pairwise(accumulate(sizes, initial=0))]
+    if absent:
+        values = [None if k == _NONE else v for k, v in zip(lengths, values, strict=True)]
+    return values, end
+
+
+def _texts(raw: list[bytes | None], name: str) -> list[str | None]:
+    try:
+        return [None if v is None else v.decode() for v in raw]
+    except UnicodeDecodeError:
+        raise BadRequest(f"batch frame: a value of {name} is not UTF-8") from None
+
+
+def _bad_id(region: bytes) -> str:
+    """Which id of an ids column is bad (for the error message)."""
+    for i in range(0, len(region), 36):
+        slot = region[i : i + 36]
+        if not _IDS_COLUMN.fullmatch(slot):
+            return f"ids[{i // 36}]: {slot!r} is not a canonical UUID"
+    return "a bad id"  # pragma: no cover - the column as a whole did not match

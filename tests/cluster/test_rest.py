@@ -14,8 +14,15 @@ import aiohttp
 
 from tests.cluster.support import MiB, error_code, id_owned_by, placement_of, queue_owned_by
 from tests.helpers import unique
+from zdmq import Client
 from zdmq.local import LocalCluster
-from zdmq.models import QueueSettings, dedup_message_id
+from zdmq.models import (
+    BATCH_CONTENT_TYPE,
+    QueueSettings,
+    decode_batch,
+    dedup_message_id,
+    encode_batch,
+)
 
 
 def _node_urls(cluster: LocalCluster) -> list[tuple[str, str]]:
@@ -356,3 +363,78 @@ async def test_a_repeated_id_or_dedup_id_through_any_node_is_stored_once_and_rep
             assert r.headers["zdmq-id"] not in got
             got[r.headers["zdmq-id"]] = await r.read()
     assert got == {mid: b"first", dedup_message_id(q, "order-7"): b"once"}
+
+
+async def test_frame_batches_through_non_owner_nodes_and_json_callers_share_one_queue(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    """A binary push batch sent to any node is split by owner (forwarded as JSON); a
+    binary receive through any node gathers from the listed nodes; the Python client
+    (frames) and plain JSON callers see each other's messages, bodies byte for byte."""
+    q = unique("frames")
+    urls = _node_urls(cluster4)
+    await _create(http, urls[0][1], q)
+    bodies = [os.urandom(n) for n in (0, 1, 100, 5000)] + [b"text", "ünï".encode()]
+    frame_ids = [str(uuid.uuid4()) for _ in bodies]
+    async with http.post(
+        f"{urls[1][1]}/v1/queues/{q}/batch",
+        data=encode_batch(ids=frame_ids, bodies=bodies),
+        headers={"Content-Type": BATCH_CONTENT_TYPE},
+    ) as r:
+        assert r.status == 201, await r.text()
+        assert await r.json() == {"ids": frame_ids, "duplicates": 0}
+    json_batch = {"messages": [{"body": "from json", "content_type": "text/x"}]}
+    async with http.post(f"{urls[2][1]}/v1/queues/{q}/batch", json=json_batch) as r:
+        [json_id] = (await r.json())["ids"]
+    async with Client.from_config(cluster4.config_path) as c:
+        client_ids = await c.push_many(q, [b"from the client", "text body"])
+
+        want = {
+            **dict(zip(frame_ids, bodies, strict=True)),
+            json_id: b"from json",
+            client_ids[0]: b"from the client",
+            client_ids[1]: b"text body",
+        }
+        got: dict[str, bytes] = {}
+        receipts: list[str] = []
+        for _ in range(20):
+            # Binary receives through every node in turn (routed: the node gathers).
+            for _, url in urls:
+                async with http.post(
+                    f"{url}/v1/queues/{q}/receive",
+                    params={"max": "3"},
+                    headers={"Accept": BATCH_CONTENT_TYPE},
+                ) as r:
+                    assert r.status == 200, await r.text()
+                    assert r.headers["Content-Type"] == BATCH_CONTENT_TYPE
+                    batch = decode_batch(await r.read())
+                for mid, body, receipt, ctype in zip(
+                    batch.ids or [],
+                    batch.bodies or [],
+                    batch.receipts or [],
+                    batch.content_types or [None] * batch.count,
+                    strict=True,
+                ):
+                    assert mid is not None and receipt is not None and mid not in got
+                    got[mid] = body
+                    receipts.append(receipt)
+                    if mid == json_id:
+                        assert ctype == "text/x"
+                    if mid == client_ids[1]:
+                        assert ctype == "text/plain; charset=utf-8"
+            if len(got) == len(want):
+                break
+        assert got == want
+        # The client's binary ack settles leases that JSON callers took, and vice versa.
+        half = len(receipts) // 2
+        result = await c.ack(q, receipts[:half])
+        assert (result.done, result.failed) == (half, {})
+        for _, url in urls[:1]:
+            async with http.post(
+                f"{url}/v1/queues/{q}/ack",
+                json={"receipts": receipts[half:] + receipts[:1]},
+            ) as r:
+                reply = await r.json()
+        assert reply["acked"] == len(receipts) - half
+        assert reply["failed"] == [{"receipt": receipts[0], "code": "lease_expired"}]
+        assert (await c.stats(q)).messages == 0

@@ -33,6 +33,7 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import NodeUnavailable
 from zdmq.hashing import Placement
 from zdmq.models import (
+    BATCH_CONTENT_TYPE,
     MAX_RECEIVE,
     MAX_WAIT_S,
     SETTLED_KEY,
@@ -41,10 +42,11 @@ from zdmq.models import (
     QueueSettings,
     QueueStats,
     ReceivedMessage,
+    decode_batch,
     dedup_message_id,
+    encode_batch,
     group_receipts,
     message_from_wire,
-    message_to_wire,
     new_message_id,
     received_from_wire,
     validate_queue_name,
@@ -56,9 +58,12 @@ if TYPE_CHECKING:
 __all__ = ["Body", "CallStats", "Client"]
 
 Body = bytes | bytearray | memoryview | str
-_ROUTE_LOCAL = {"zdmq-route": "local"}
+# Batches travel as binary frames (docs/api.md): bodies as they are, no JSON, no base64.
+_FRAME = {"Content-Type": BATCH_CONTENT_TYPE}
+_ACCEPT = {"Accept": BATCH_CONTENT_TYPE}
+_ROUTE_LOCAL = {"zdmq-route": "local", **_ACCEPT}
 # Also tells the node it was picked from the metadata list (an empty one then leaves it).
-_ROUTE_LISTED = {"zdmq-route": "local", "zdmq-listed": "1"}
+_ROUTE_LISTED = {"zdmq-route": "local", "zdmq-listed": "1", **_ACCEPT}
 _TEXT = "text/plain; charset=utf-8"
 
 _OCTET = "application/octet-stream"
@@ -323,37 +328,44 @@ class Client:
         """Pushes a batch: one call per owning node, in parallel.
 
         Each node's part is split further only where it passes the batch limits
-        (`max_batch_messages` messages, `max_request_bytes` bytes of JSON).
+        (`max_batch_messages` messages, `max_request_bytes` bytes of the frame).
         `dedup_ids`, when given, pairs a dedup id (or None) with each body.
         """
         validate_queue_name(queue)
         self._begin("push_many")
         ids: list[str] = []
-        by_owner: defaultdict[str, list[bytes]] = defaultdict(list)
+        # Per owner: (id, or None when the node derives it from the dedup id), body,
+        # content type (None: octets), dedup id.
+        by_owner: defaultdict[str, list[_Item]] = defaultdict(list)
         bodies = list(bodies)
         if dedup_ids is not None and len(dedup_ids) != len(bodies):
             raise ValueError("dedup_ids must pair one dedup id (or None) with each body")
+        owner_of = self.placement.owner
         for i, body in enumerate(bodies):
             data, ctype = _bytes(body, None)
             dedup_id = dedup_ids[i] if dedup_ids is not None else None
-            msg_id = dedup_message_id(queue, dedup_id) if dedup_id is not None else new_message_id()
+            item: _Item
+            if dedup_id is None:
+                msg_id = new_message_id()
+                item = (msg_id, data, None if ctype == _OCTET else ctype, None)
+            else:
+                msg_id = dedup_message_id(queue, dedup_id)
+                item = (None, data, None if ctype == _OCTET else ctype, dedup_id)
             ids.append(msg_id)
-            item: dict[str, Any] = message_to_wire(msg_id, data, None if ctype == _OCTET else ctype)
-            if dedup_id is not None:
-                del item["id"]
-                item["dedup_id"] = dedup_id
-            by_owner[self.placement.owner(msg_id)].append(_http.dumps(item))
+            by_owner[owner_of(msg_id)].append(item)
         calls = [
             self._call(
                 "push_many",
                 owner,
                 "POST",
                 f"/v1/queues/{queue}/batch",
-                data=chunk,
-                headers=_http.JSON_HEADERS,
+                data=_push_frame(items[start:end]),
+                headers=_FRAME,
             )
             for owner, items in by_owner.items()
-            for chunk in _batches(items, self._max_batch, self._max_request_bytes)
+            for start, end in _batches(
+                [_item_bytes(item) for item in items], self._max_batch, self._max_request_bytes
+            )
         ]
         await asyncio.gather(*calls)
         return ids
@@ -366,7 +378,7 @@ class Client:
         on any node (long polling).
         """
         got = await self._take(queue, 1, "pop", wait_s=wait_s)
-        return message_from_wire(got[0]) if got else None
+        return got[0] if got else None
 
     async def pop_many(
         self, queue: str, max_messages: int = 100, *, wait_s: float = 0.0
@@ -374,8 +386,7 @@ class Client:
         """Removes up to `max_messages` messages from one node; [] when the queue is empty."""
         if not 1 <= max_messages <= self._max_batch:
             raise ValueError(f"max_messages must be in 1..{self._max_batch}")
-        got = await self._take(queue, max_messages, "pop_many", wait_s=wait_s)
-        return [message_from_wire(m) for m in got]
+        return await self._take(queue, max_messages, "pop_many", wait_s=wait_s)
 
     async def receive(
         self,
@@ -393,7 +404,7 @@ class Client:
         got = await self._take(
             queue, max_messages, "receive", receive=True, lease_s=visibility_s, wait_s=wait_s
         )
-        return [received_from_wire(m) for m in got]
+        return got
 
     async def ack(self, queue: str, receipts: str | Iterable[str]) -> AckResult:
         """Deletes leased messages. A receipt whose lease ended (expired, nacked, acked)
@@ -437,20 +448,27 @@ class Client:
             return AckResult(0)
         by_owner, failed = group_receipts(receipts, self.placement.owner)
         key = SETTLED_KEY[action]
+        # A frame holds the receipts; the numbers go in the query string.
+        params = {k: repr(float(v)) for k, v in extra.items()} if _numbers(extra) else None
 
         async def on(owner: str, refs: list[tuple[str, str, str]]) -> int:
             part = [r for r, _, _ in refs]
             done = 0
             for start in range(0, len(part), self._max_batch):
                 chunk = part[start : start + self._max_batch]
+                if params is not None:
+                    data, headers = encode_batch(receipts=chunk), _FRAME
+                else:  # values the node must refuse: it says why
+                    data, headers = _http.dumps({"receipts": chunk, **extra}), _http.JSON_HEADERS
                 try:
                     reply = await self._call(
                         action,
                         owner,
                         "POST",
                         f"/v1/queues/{queue}/{action}",
-                        data=_http.dumps({"receipts": chunk, **extra}),
-                        headers=_http.JSON_HEADERS,
+                        data=data,
+                        headers=headers,
+                        params=params,
                     )
                 except NodeUnavailable as e:
                     failed.update((r, e.code) for r in chunk)
@@ -472,7 +490,8 @@ class Client:
         receive: bool = False,
         lease_s: float | None = None,
         wait_s: float = 0.0,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Any]:
+        """Messages (ReceivedMessage with `receive`, else Message) from up to three calls."""
         validate_queue_name(queue)
         if not 0 <= wait_s <= MAX_WAIT_S:
             raise ValueError(f"wait_s must be in 0..{MAX_WAIT_S:g}")
@@ -518,9 +537,10 @@ class Client:
             "POST",
             f"/v1/queues/{queue}/{kind}",
             params={**params, "wait_s": repr(remaining)},
+            headers=_ACCEPT,
             timeout_s=remaining + self._timeout_s,
         )
-        return list(reply.json()["messages"])
+        return _messages(reply, receive)
 
     def _guess(self, queue: str) -> tuple[str, bool]:
         """The node to try first, and whether it came from the metadata list."""
@@ -543,7 +563,7 @@ class Client:
         down: set[str],
         *,
         listed: bool,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Any]:
         """Pops or receives at one node's UUID queue only; [] when it is empty or down."""
         try:
             reply = await self._call(
@@ -556,9 +576,9 @@ class Client:
             )
         except NodeUnavailable:
             down.add(node_id)
-            msgs: list[dict[str, Any]] = []
+            msgs: list[Any] = []
         else:
-            msgs = list(reply.json()["messages"])
+            msgs = _messages(reply, kind == "receive")
         if not msgs:
             tried.add(node_id)
             cached = self._meta.get(queue)
@@ -567,17 +587,70 @@ class Client:
         return msgs
 
 
-def _batches(items: list[bytes], max_count: int, max_bytes: int) -> Iterator[bytes]:
-    """JSON batch bodies of pre-encoded items, each within both limits."""
-    envelope = len(b'{"messages":[]}')
+_Item = tuple[str | None, bytes, str | None, str | None]  # id, body, content type, dedup id
+
+
+def _item_bytes(item: _Item) -> int:
+    """An upper bound on what one message adds to a push frame."""
+    _, body, ctype, dedup_id = item
+    return (
+        52 + len(body) + (len(ctype) * 4 if ctype else 0) + (len(dedup_id) * 4 if dedup_id else 0)
+    )
+
+
+def _push_frame(items: Sequence[_Item]) -> bytes:
+    ids, bodies, ctypes, dedup_ids = zip(*items, strict=True)
+    return encode_batch(ids=ids, bodies=bodies, content_types=ctypes, dedup_ids=dedup_ids)
+
+
+def _batches(sizes: list[int], max_count: int, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of runs of items, each within both limits: at most `max_count` items
+    and `max_bytes` bytes (a frame's 12-byte head included), unless one item alone is
+    larger."""
+    envelope = 12
     start, size = 0, envelope
-    for i, item in enumerate(items):
-        if i > start and (i - start >= max_count or size + len(item) + 1 > max_bytes):
-            yield b'{"messages":[' + b",".join(items[start:i]) + b"]}"
+    for i, n in enumerate(sizes):
+        if i > start and (i - start >= max_count or size + n > max_bytes):
+            yield start, i
             start, size = i, envelope
-        size += len(item) + 1
-    if start < len(items):
-        yield b'{"messages":[' + b",".join(items[start:]) + b"]}"
+        size += n
+    if start < len(sizes):
+        yield start, len(sizes)
+
+
+def _messages(reply: _http.Reply, receive: bool) -> list[Message] | list[ReceivedMessage]:
+    """The messages of a pop or receive reply: a batch frame, or JSON from a node that
+    answers JSON."""
+    if not reply.headers.get("content-type", "").startswith(BATCH_CONTENT_TYPE):
+        items = reply.json()["messages"]
+        if receive:
+            return [received_from_wire(m) for m in items]
+        return [message_from_wire(m) for m in items]
+    b = decode_batch(reply.body)
+    if not b.count:
+        return []
+    ids, bodies = b.ids, b.bodies
+    if ids is None or bodies is None or None in ids:
+        raise ValueError("a pop or receive reply frame without ids or bodies")
+    ctypes = b.content_types or [None] * b.count
+    if receive:
+        receipts, counts = b.receipts, b.receive_counts
+        if receipts is None or counts is None:
+            raise ValueError("a receive reply frame without receipts")
+        return [
+            ReceivedMessage(mid, body, receipt, count, ctype)  # type: ignore[arg-type]
+            for mid, body, receipt, count, ctype in zip(
+                ids, bodies, receipts, counts, ctypes, strict=True
+            )
+        ]
+    return [
+        Message(mid, body, ctype)  # type: ignore[arg-type]
+        for mid, body, ctype in zip(ids, bodies, ctypes, strict=True)
+    ]
+
+
+def _numbers(extra: dict[str, Any]) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in extra.values())
 
 
 def _bytes(body: Body, content_type: str | None) -> tuple[bytes, str]:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections import defaultdict
 from importlib import resources
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -31,13 +32,16 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.models import (
+    BATCH_CONTENT_TYPE,
     MAX_RECEIVE,
     MAX_VISIBILITY_S,
     MAX_WAIT_S,
     SETTLED_KEY,
     QueueSettings,
+    decode_batch,
     decode_body,
     dedup_message_id,
+    encode_batch,
     group_receipts,
     message_to_wire,
     new_message_id,
@@ -117,6 +121,18 @@ async def _json_body(request: Request) -> Any:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
 
 
+def _is_frame(request: Request) -> bool:
+    """Whether the request body is a binary batch frame (else JSON)."""
+    ctype = request.headers.get("Content-Type")
+    return ctype is not None and ctype.startswith(BATCH_CONTENT_TYPE)
+
+
+def _wants_frame(request: Request) -> bool:
+    """Whether the caller asked for a binary batch frame in reply (else JSON)."""
+    accept = request.headers.get("Accept")
+    return accept is not None and BATCH_CONTENT_TYPE in accept
+
+
 def _forwarded(request: Request) -> bool:
     return FORWARDED_HEADER in request.headers
 
@@ -154,7 +170,12 @@ async def health(request: Request) -> Response:
             "queues_owned": len(node.state.meta),
             "uptime_s": round(time.time() - node.started_at, 3),
             "counters": dict(node.counters),
-            "storage": {"commits": node.storage.commits, "ops": node.storage.ops_written},
+            "storage": {
+                "commits": node.storage.commits,
+                "ops": node.storage.ops_written,
+                "rows_cached": node.storage.cache_hits,
+                "rows_read": node.storage.cache_misses,
+            },
         },
         status=503 if failed else 200,
     )
@@ -288,6 +309,46 @@ def _batch_items(
     return items
 
 
+def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> list[PushItem]:
+    """The messages of a binary push batch (docs/api.md), all checked before any is stored."""
+    b = decode_batch(raw, max_count=max_messages)
+    if b.count == 0:
+        raise BadRequest("messages: expected at least one message")
+    bodies = b.bodies
+    if bodies is None or b.receipts is not None or b.receive_counts is not None:
+        raise BadRequest(
+            "a push batch frame has bodies and optionally ids, content_types and dedup_ids"
+        )
+    if max(map(len, bodies)) > max_bytes:
+        i, body = next((i, x) for i, x in enumerate(bodies) if len(x) > max_bytes)
+        raise MessageTooLarge(
+            f"messages[{i}]: message of {len(body)} bytes is over the {max_bytes}-byte limit"
+        )
+    n = b.count
+    ids = b.ids
+    ctypes = b.content_types or [None] * n
+    dedups = b.dedup_ids
+    if ids is not None and dedups is None and None not in ids:
+        # The common case: the client gave every id.
+        return list(map(PushItem._make, zip(ids, bodies, ctypes, repeat(False))))
+    items: list[PushItem] = []
+    for i in range(n):
+        mid = ids[i] if ids is not None else None
+        dedup_id = dedups[i] if dedups is not None else None
+        if dedup_id is not None:
+            if mid is not None:
+                raise InvalidMessage(f"messages[{i}]: give id or dedup_id, not both")
+            try:
+                mid = dedup_message_id(queue, dedup_id)
+            except ZdmqError as e:
+                e.message = f"messages[{i}]: {e.message}"
+                raise
+        elif mid is None:
+            mid = new_message_id()
+        items.append(PushItem(mid, bodies[i], ctypes[i], dedup_id is not None))
+    return items
+
+
 def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
     wire = []
     for item in items:
@@ -301,13 +362,18 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
 async def push_batch(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     limits = node.config.limits
-    items = _batch_items(
-        queue,
-        await _json_body(request),
-        limits.max_batch_messages,
-        limits.max_message_bytes,
-        _forwarded(request),
-    )
+    if _is_frame(request):
+        items = _frame_items(
+            queue, request.body, limits.max_batch_messages, limits.max_message_bytes
+        )
+    else:
+        items = _batch_items(
+            queue,
+            await _json_body(request),
+            limits.max_batch_messages,
+            limits.max_message_bytes,
+            _forwarded(request),
+        )
     by_owner: defaultdict[str, list[PushItem]] = defaultdict(list)
     for item in items:
         by_owner[node.placement.owner(item[0])].append(item)
@@ -324,6 +390,24 @@ async def push_batch(request: Request) -> Response:
 
     dups = await asyncio.gather(*(store(o, part) for o, part in by_owner.items()))
     return _json({"ids": [item.id for item in items], "duplicates": sum(dups)}, status=201)
+
+
+def _deliveries(request: Request, got: list[Delivery], *, receive: bool) -> Response:
+    """A pop's or receive's messages: JSON, or a batch frame when the caller asks for one."""
+    if not _wants_frame(request):
+        return _json({"messages": [_delivery_wire(d) for d in got]})
+    if not got:
+        frame = encode_batch(ids=[], bodies=[])
+    else:
+        ids, bodies, ctypes, receipts, counts = zip(*got, strict=True)
+        frame = encode_batch(
+            ids=ids,
+            bodies=bodies,
+            content_types=ctypes,
+            receipts=receipts if receive else None,
+            receive_counts=counts if receive else None,
+        )
+    return Response(body=frame, content_type=BATCH_CONTENT_TYPE)
 
 
 def _delivery_wire(d: Delivery) -> dict[str, Any]:
@@ -365,7 +449,7 @@ async def _take(request: Request, *, receive: bool) -> list[Delivery]:
 async def pop(request: Request) -> Response:
     got = await _take(request, receive=False)
     if "max" in request.query:
-        return _json({"messages": [_delivery_wire(d) for d in got]})
+        return _deliveries(request, got, receive=False)
     if not got:
         return Response(status=204)
     d = got[0]
@@ -374,26 +458,37 @@ async def pop(request: Request) -> Response:
 
 async def receive(request: Request) -> Response:
     got = await _take(request, receive=True)
-    return _json({"messages": [_delivery_wire(d) for d in got]})
+    return _deliveries(request, got, receive=True)
 
 
 async def _settle(request: Request, action: str) -> Response:
     node, queue = request.app[NODE], _queue(request)
-    payload = await _json_body(request)
-    if not isinstance(payload, dict) or not isinstance(payload.get("receipts"), list):
-        raise BadRequest('expected {"receipts": ["...", ...]}')
-    receipts = payload["receipts"]
     limit = node.config.limits.max_batch_messages
+    if _is_frame(request):
+        # A frame holds the receipts only; delay_s and visibility_s are query parameters.
+        receipts: list[Any] = _frame_receipts(request.body, limit)
+        delay_s = _float_param(request, "delay_s", 0.0, MAX_VISIBILITY_S) or 0.0
+        visibility_s = 0.0
+        if action == "extend":
+            vis = _float_param(request, "visibility_s", 0.0, MAX_VISIBILITY_S)
+            if vis is None:
+                raise BadRequest("visibility_s: required to extend a lease")
+            visibility_s = vis
+    else:
+        payload = await _json_body(request)
+        if not isinstance(payload, dict) or not isinstance(payload.get("receipts"), list):
+            raise BadRequest('expected {"receipts": ["...", ...]}')
+        receipts = payload["receipts"]
+        if len(receipts) > limit:
+            raise BatchTooLarge(f"{len(receipts)} receipts is over the batch limit of {limit}")
+        delay_s = _float_field(payload, "delay_s", 0.0, MAX_VISIBILITY_S, 0.0)
+        visibility_s = 0.0
+        if action == "extend":
+            if "visibility_s" not in payload:
+                raise BadRequest("visibility_s: required to extend a lease")
+            visibility_s = _float_field(payload, "visibility_s", 0.0, MAX_VISIBILITY_S, 0.0)
     if not receipts:
         raise BadRequest("receipts: expected at least one receipt")
-    if len(receipts) > limit:
-        raise BatchTooLarge(f"{len(receipts)} receipts is over the batch limit of {limit}")
-    delay_s = _float_field(payload, "delay_s", 0.0, MAX_VISIBILITY_S, 0.0)
-    visibility_s = 0.0
-    if action == "extend":
-        if "visibility_s" not in payload:
-            raise BadRequest("visibility_s: required to extend a lease")
-        visibility_s = _float_field(payload, "visibility_s", 0.0, MAX_VISIBILITY_S, 0.0)
     if _forwarded(request):
         by_owner, _ = group_receipts(receipts, node.placement.owner)
         if set(by_owner) - {node.id}:
@@ -407,6 +502,20 @@ async def _settle(request: Request, action: str) -> Response:
             "failed": [{"receipt": r, "code": c} for r, c in failed.items()],
         }
     )
+
+
+def _frame_receipts(raw: bytes, limit: int) -> list[Any]:
+    b = decode_batch(raw, max_count=limit)
+    if b.count and b.receipts is None:
+        raise BadRequest("an ack, nack or extend batch frame has a receipts column only")
+    if b.ids is not None or b.bodies is not None or b.receive_counts is not None:
+        raise BadRequest("an ack, nack or extend batch frame has a receipts column only")
+    if b.content_types is not None or b.dedup_ids is not None:
+        raise BadRequest("an ack, nack or extend batch frame has a receipts column only")
+    receipts = b.receipts or []
+    if None in receipts:
+        raise BadRequest(f"receipts[{receipts.index(None)}]: missing")
+    return receipts
 
 
 async def _settle_receipts(

@@ -7,6 +7,7 @@ harness wait for; nothing else is printed on stdout. Logs go to stderr.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import socket
@@ -47,6 +48,7 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
         loop.add_signal_handler(sig, stop.set)
 
     def ready() -> None:
+        _tune_gc()
         log.info("node %s serving %s (durability %s)", node_id, me.url, config.durability)
         print(f"READY {node_id} {me.url}", flush=True)
 
@@ -54,6 +56,22 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
         await serve_app(app, sock, stop, ready=ready)
     finally:
         log.info("node %s stopped", node_id)
+
+
+# The cyclic collector's first-generation threshold while serving (CPython's default is
+# 700 allocations). A busy node allocates a few small objects per message and keeps few
+# of them, so it ran a collection every few hundred messages.
+GC_GEN0_THRESHOLD = 10_000
+
+
+def _tune_gc() -> None:
+    """After startup: what is loaded so far (modules, the restored state) moves out of
+    the collector's sight, and young collections run less often. In-process, on workload
+    (b)'s calls, this halved the collector's time (about 0.5 -> 0.25 µs per message)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 def run_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:

@@ -43,8 +43,8 @@ from __future__ import annotations
 import heapq
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from zdmq.models import QueueSettings
 
@@ -435,9 +435,13 @@ class NodeState:
         # Dedup records: id -> (queue, until), with a heap to forget them in time order.
         self.dedup: dict[str, tuple[str, float]] = {}
         self._dedup_heap: list[tuple[float, str]] = []
-        # Lease expiries (until, id, token) and delay ends (visible_at, id); an entry
-        # the message no longer matches is stale and skipped.
-        self._lease_timers: list[tuple[float, str, str]] = []
+        # Lease expiries and delay ends; an entry the message no longer matches is stale
+        # and skipped. A lease entry is (until, n, [(id, token), ...]): the leases of one
+        # receive end at the same moment and share an entry, so a batch costs one heap
+        # push and one pop, not one a message (n orders entries of the same moment).
+        self._lease_timers: list[tuple[float, int, list[tuple[str, str]]]] = []
+        self._last_lease_timer: tuple[float, int, list[tuple[str, str]]] | None = None
+        self._lease_timer_n = 0
         self._delay_timers: list[tuple[float, int, str]] = []
         # Ready messages being restored: (ready_at, seq, queue, enqueued_at, origin).
         self._restoring: list[tuple[float, int, str, float, str | None]] = []
@@ -448,113 +452,128 @@ class NodeState:
 
     # ---- the one mutation entry point --------------------------------------------------
     def apply(self, op: Op) -> None:
-        kind = type(op)
-        if kind is Push:
-            assert isinstance(op, Push)
-            lq = self._local(op.queue)
-            if not lq.holds():
-                lq.first_uuid = op.id
-            lq.ready.append(op.seq, op.enqueued_at)
-            self.ready_ids[id_key(op.id)] = op.queue
-            if op.dedup_until > 0:
-                self.dedup[op.id] = (op.queue, op.dedup_until)
-                heapq.heappush(self._dedup_heap, (op.dedup_until, op.id))
-            if op.seq >= self.next_seq:
-                self.next_seq = op.seq + 1
-        elif kind is Lease:
-            assert isinstance(op, Lease)
-            lq = self.queues[op.queue]
-            m = self._heat(lq, op.queue, op.id, op.seq)  # a lease takes a ready message
-            lq.leased.add(op.id)
-            m.lease, m.lease_until, m.receive_count = op.token, op.until, op.receive_count
-            heapq.heappush(self._lease_timers, (op.until, op.id, op.token))
-        elif kind is Extend:
-            assert isinstance(op, Extend)
-            m = self.hot[op.id]
-            assert m.lease is not None
-            m.lease_until = op.until
-            heapq.heappush(self._lease_timers, (op.until, op.id, m.lease))
-        elif kind is Requeue:
-            assert isinstance(op, Requeue)
-            m = self.hot[op.id]
-            lq = self.queues[op.queue]
-            self._unlink(lq, op.id, m)
-            m.lease, m.lease_until, m.visible_at = None, 0.0, op.visible_at
-            self._resequence(m, op.new_seq)
-            lq.delayed.add(op.id)
-            heapq.heappush(self._delay_timers, (op.visible_at, op.new_seq, op.id))
-        elif kind is DeadLetter:
-            assert isinstance(op, DeadLetter)
-            m = self.hot.pop(op.id)
-            self._unlink(self.queues[op.queue], op.id, m)
-            self._forget_if_empty(op.queue)
-            self._origin_gone(m.origin)
-            self._resequence(m, op.new_seq)
-            self.dead_lettered[op.queue] += 1
-            dlq = self._local(op.dlq)
-            if not dlq.holds():
-                dlq.first_uuid = op.id
-            dlq.ready.append(op.new_seq, op.moved_at)
-            dlq.origins[op.new_seq] = op.queue
-            self.ready_ids[id_key(op.id)] = op.dlq
-        elif kind is Remove:
-            assert isinstance(op, Remove)
-            lq = self.queues[op.queue]
-            gone = self.hot.pop(op.id, None)
-            if gone is None:
-                del self.ready_ids[id_key(op.id)]
-                lq.ready.remove(op.seq)
-                self._origin_gone(lq.origins.pop(op.seq, None))
-            else:
-                self._unlink(lq, op.id, gone)
-                self._origin_gone(gone.origin)
-        elif kind is Purge:
-            assert isinstance(op, Purge)
-            purged = self.queues.pop(op.queue, None)
-            if purged is not None:
-                for mid in (*purged.leased, *purged.delayed):
-                    held = self.hot.pop(mid, None)
-                    if held is not None:
-                        self._origin_gone(held.origin)
-                for origin in purged.origins.values():
-                    self._origin_gone(origin)
-                if purged.ready:
-                    # One pass over the index: a purge is rare, ready messages are many.
-                    self.ready_ids = {k: q for k, q in self.ready_ids.items() if q != op.queue}
-            for mid in [k for k, (q, _) in self.dedup.items() if q == op.queue]:
-                del self.dedup[mid]
-        elif kind is ForgetDedup:
-            assert isinstance(op, ForgetDedup)
-            heap = self._dedup_heap
-            while heap and heap[0][0] < op.before:
-                until, mid = heapq.heappop(heap)
-                rec = self.dedup.get(mid)
-                if rec is not None and rec[1] == until:
-                    del self.dedup[mid]
-        elif kind is Register:
-            assert isinstance(op, Register)
-            self.meta[op.queue].nodes.setdefault(op.node, op.first_uuid)
-        elif kind is Unregister:
-            assert isinstance(op, Unregister)
-            meta = self.meta.get(op.queue)
-            if meta is not None:
-                meta.nodes.pop(op.node, None)
-        elif kind is CreateQueue:
-            assert isinstance(op, CreateQueue)
-            self.meta[op.queue] = QueueMeta(op.queue, op.incarnation, op.created_at, op.settings)
-        elif kind is DropQueue:
-            assert isinstance(op, DropQueue)
-            self.meta.pop(op.queue, None)
-        else:  # pragma: no cover - programmer error
+        applier = _APPLIERS.get(type(op))
+        if applier is None:  # pragma: no cover - programmer error
             raise AssertionError(f"unknown op {op!r}")
+        applier(self, op)
         self.rows.write(op)
 
-    def _heat(self, lq: LocalQueue, queue: str, mid: str, seq: int) -> StoredMessage:
+    def _apply_push(self, op: Push) -> None:
+        queue, mid, seq = op.queue, op.id, op.seq
+        lq = self.queues.get(queue)
+        if lq is None:
+            lq = self.queues[queue] = LocalQueue()
+        ready = lq.ready
+        if ready.head == len(ready.seqs) and not lq.leased and not lq.delayed:
+            lq.first_uuid = mid  # the UUID queue was empty (holds() == 0)
+        ready.seqs.append(seq)
+        ready.times.append(op.enqueued_at)
+        self.ready_ids[id_key(mid)] = queue
+        if op.dedup_until > 0:
+            self.dedup[op.id] = (op.queue, op.dedup_until)
+            heapq.heappush(self._dedup_heap, (op.dedup_until, op.id))
+        if seq >= self.next_seq:
+            self.next_seq = seq + 1
+
+    def _apply_lease(self, op: Lease) -> None:
+        queue, mid, seq, token, until, count = op
+        lq = self.queues[queue]
+        m = self._heat(lq, queue, mid, seq, count)  # a lease takes a ready message
+        lq.leased.add(mid)
+        m.lease, m.lease_until = token, until
+        self._lease_timer(until, mid, token)
+
+    def _apply_extend(self, op: Extend) -> None:
+        m = self.hot[op.id]
+        assert m.lease is not None
+        m.lease_until = op.until
+        self._lease_timer(op.until, op.id, m.lease)
+
+    def _apply_requeue(self, op: Requeue) -> None:
+        m = self.hot[op.id]
+        lq = self.queues[op.queue]
+        self._unlink(lq, op.id, m)
+        m.lease, m.lease_until, m.visible_at = None, 0.0, op.visible_at
+        self._resequence(m, op.new_seq)
+        lq.delayed.add(op.id)
+        heapq.heappush(self._delay_timers, (op.visible_at, op.new_seq, op.id))
+
+    def _apply_dead_letter(self, op: DeadLetter) -> None:
+        m = self.hot.pop(op.id)
+        self._unlink(self.queues[op.queue], op.id, m)
+        self._forget_if_empty(op.queue)
+        self._origin_gone(m.origin)
+        self._resequence(m, op.new_seq)
+        self.dead_lettered[op.queue] += 1
+        dlq = self._local(op.dlq)
+        if not dlq.holds():
+            dlq.first_uuid = op.id
+        dlq.ready.append(op.new_seq, op.moved_at)
+        dlq.origins[op.new_seq] = op.queue
+        self.ready_ids[id_key(op.id)] = op.dlq
+
+    def _apply_remove(self, op: Remove) -> None:
+        lq = self.queues[op.queue]
+        gone = self.hot.pop(op.id, None)
+        if gone is None:
+            del self.ready_ids[id_key(op.id)]
+            lq.ready.remove(op.seq)
+            if lq.origins:
+                self._origin_gone(lq.origins.pop(op.seq, None))
+        else:
+            if gone.lease is not None:
+                lq.leased.discard(op.id)
+            else:
+                lq.delayed.discard(op.id)
+            if gone.origin is not None:
+                self._origin_gone(gone.origin)
+
+    def _apply_purge(self, op: Purge) -> None:
+        purged = self.queues.pop(op.queue, None)
+        if purged is not None:
+            for mid in (*purged.leased, *purged.delayed):
+                held = self.hot.pop(mid, None)
+                if held is not None:
+                    self._origin_gone(held.origin)
+            for origin in purged.origins.values():
+                self._origin_gone(origin)
+            if purged.ready:
+                # One pass over the index: a purge is rare, ready messages are many.
+                self.ready_ids = {k: q for k, q in self.ready_ids.items() if q != op.queue}
+        for mid in [k for k, (q, _) in self.dedup.items() if q == op.queue]:
+            del self.dedup[mid]
+
+    def _apply_forget_dedup(self, op: ForgetDedup) -> None:
+        heap = self._dedup_heap
+        while heap and heap[0][0] < op.before:
+            until, mid = heapq.heappop(heap)
+            rec = self.dedup.get(mid)
+            if rec is not None and rec[1] == until:
+                del self.dedup[mid]
+
+    def _apply_register(self, op: Register) -> None:
+        self.meta[op.queue].nodes.setdefault(op.node, op.first_uuid)
+
+    def _apply_unregister(self, op: Unregister) -> None:
+        meta = self.meta.get(op.queue)
+        if meta is not None:
+            meta.nodes.pop(op.node, None)
+
+    def _apply_create(self, op: CreateQueue) -> None:
+        self.meta[op.queue] = QueueMeta(op.queue, op.incarnation, op.created_at, op.settings)
+
+    def _apply_drop(self, op: DropQueue) -> None:
+        self.meta.pop(op.queue, None)
+
+    def _heat(
+        self, lq: LocalQueue, queue: str, mid: str, seq: int, receive_count: int = 0
+    ) -> StoredMessage:
         """Takes a ready message out of its ready queue into `hot` (it leaves ready)."""
         del self.ready_ids[id_key(mid)]
         enqueued_at = lq.ready.remove(seq)
-        m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, 0)
-        m.origin = lq.origins.pop(seq, None)
+        m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, receive_count)
+        if lq.origins:
+            m.origin = lq.origins.pop(seq, None)
         return m
 
     def _cool(self, lq: LocalQueue, mid: str, m: StoredMessage) -> None:
@@ -627,7 +646,7 @@ class NodeState:
             if lease is not None:
                 m.lease, m.lease_until = lease, lease_until
                 lq.leased.add(mid)
-                heapq.heappush(self._lease_timers, (lease_until, mid, lease))
+                self._lease_timer(lease_until, mid, lease)
             else:
                 m.visible_at = visible_at
                 lq.delayed.add(mid)
@@ -690,11 +709,29 @@ class NodeState:
         dedup_window_s: float = 0.0,
     ) -> Push:
         # The caller has checked that `msg_id` is not stored (holder / is_duplicate).
-        self.wake(now)  # what became ready before now queues ahead of this message
-        dedup_until = now + dedup_window_s if dedup_window_s > 0 else 0.0
-        op = Push(queue, msg_id, self.next_seq, body, content_type, now, dedup_until)
-        self.apply(op)
+        [op] = self.push_many(queue, [(msg_id, body, content_type, dedup_window_s)], now=now)
         return op
+
+    def push_many(
+        self,
+        queue: str,
+        messages: Iterable[tuple[str, bytes, str | None, float]],
+        *,
+        now: float = 0.0,
+    ) -> list[Push]:
+        """Pushes messages (id, body, content type, dedup window in seconds or 0) in
+        order, all arriving at `now`. The caller has checked that none is stored."""
+        self.wake(now)  # what became ready before now queues ahead of these messages
+        apply_push, write = self._apply_push, self.rows.write  # apply(op), inlined
+        ops: list[Push] = []
+        for mid, body, content_type, window in messages:
+            op = Push(
+                queue, mid, self.next_seq, body, content_type, now, now + window if window else 0.0
+            )
+            apply_push(op)
+            write(op)
+            ops.append(op)
+        return ops
 
     def _take_ready(
         self,
@@ -720,19 +757,24 @@ class NodeState:
         # Decide from the times in memory which messages go, then read their rows.
         stop = min(end, head + limit)
         oldest = now - retention_s if retention_s is not None else None
+        expired: set[int] | None = None  # those past retention
         if oldest is None or min(ready.times[head:stop]) >= oldest:
-            plan = [(seq, False) for seq in ready.seqs[head:stop]]  # nothing to drop
+            seqs = ready.seqs[head:stop].tolist()  # nothing to drop
         else:
             plan = self._plan_with_retention(ready, limit, oldest)
-        rows = self._rows([seq for seq, _ in plan])
-        for seq, expired in plan:  # in order: each one is at the head when applied
+            seqs = [seq for seq, _ in plan]
+            expired = {seq for seq, gone in plan if gone}
+        rows = self._rows(seqs)
+        appliers, write = _APPLIERS, self.rows.write  # apply(op), inlined
+        for seq in seqs:  # in order: each one is at the head when applied
             row = rows[seq]
-            if expired:
+            if expired is not None and seq in expired:
                 op: Op = Remove(queue, row.id, seq)
             else:
                 op, taken = deliver(seq, row)
                 out.append(taken)
-            self.apply(op)
+            appliers[type(op)](self, op)
+            write(op)
             ops.append(op)
         return out
 
@@ -883,17 +925,37 @@ class NodeState:
         timers, hot = self._lease_timers, self.hot
         out: list[tuple[str, str, str]] = []
         while timers and timers[0][0] <= now and len(out) < limit:
-            when, mid, token = heapq.heappop(timers)
-            m = hot.get(mid)
-            if m is not None and m.lease == token and m.lease_until == when:
-                out.append((m.queue, mid, token))
+            when, n, leases = heapq.heappop(timers)
+            self._last_lease_timer = None  # no lease joins an entry off the heap
+            due = list(leases)
+            while timers and timers[0][0] == when:
+                due += heapq.heappop(timers)[2]
+            due.sort()  # leases ending at the same moment: by id
+            for i, (mid, token) in enumerate(due):
+                if len(out) >= limit:
+                    heapq.heappush(timers, (when, n, due[i:]))  # the rest, next time
+                    break
+                m = hot.get(mid)
+                if m is not None and m.lease == token and m.lease_until == when:
+                    out.append((m.queue, mid, token))
         return out
 
     def recheck(self, mid: str) -> None:
         """Puts a leased message's expiry back on the timer heap."""
         m = self.hot.get(mid)
         if m is not None and m.lease is not None:
-            heapq.heappush(self._lease_timers, (m.lease_until, mid, m.lease))
+            self._lease_timer(m.lease_until, mid, m.lease)
+
+    def _lease_timer(self, until: float, mid: str, token: str) -> None:
+        """Schedules lease `token` of `mid` to be looked at when it ends, at `until`."""
+        last = self._last_lease_timer
+        if last is not None and last[0] == until:
+            last[2].append((mid, token))
+            return
+        self._lease_timer_n += 1
+        entry = (until, self._lease_timer_n, [(mid, token)])
+        heapq.heappush(self._lease_timers, entry)
+        self._last_lease_timer = entry
 
     def next_timer(self) -> float | None:
         """When the earliest lease expiry or delay end is due (stale entries included)."""
@@ -1026,3 +1088,20 @@ class NodeState:
             "delayed": delayed,
             "dead_lettered": self.dead_lettered.get(queue, 0),
         }
+
+
+# How `NodeState.apply` applies each kind of op.
+_APPLIERS: dict[type, Callable[[NodeState, Any], None]] = {
+    Push: NodeState._apply_push,
+    Lease: NodeState._apply_lease,
+    Remove: NodeState._apply_remove,
+    Extend: NodeState._apply_extend,
+    Requeue: NodeState._apply_requeue,
+    DeadLetter: NodeState._apply_dead_letter,
+    Purge: NodeState._apply_purge,
+    ForgetDedup: NodeState._apply_forget_dedup,
+    Register: NodeState._apply_register,
+    Unregister: NodeState._apply_unregister,
+    CreateQueue: NodeState._apply_create,
+    DropQueue: NodeState._apply_drop,
+}

@@ -30,6 +30,7 @@ import logging
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,9 @@ class Storage:
     failed: str | None = None
     commits = 0
     ops_written = 0
+    # Rows of delivered messages served from the cache of recent pushes, and read back.
+    cache_hits = 0
+    cache_misses = 0
 
     def load(self) -> NodeState:
         raise NotImplementedError
@@ -141,10 +145,25 @@ class MemoryStorage(Storage):
         return None
 
 
+# The bodies of recently pushed messages kept in memory, so that a consumer that keeps up
+# is served without reading its messages back from SQLite (docs/design.md §8). A cached
+# row costs its body and about _ROW_BYTES more (the Row, its id string, the dict slot).
+BODY_CACHE_BYTES = 8 << 20
+_ROW_BYTES = 320
+
+
 class SqliteStorage(Storage):
-    def __init__(self, path: Path, *, fsync: bool) -> None:
+    def __init__(
+        self, path: Path, *, fsync: bool, body_cache_bytes: int = BODY_CACHE_BYTES
+    ) -> None:
         self.path = path
         self._fsync = fsync
+        # Rows of ready messages as pushed (seq -> Row), while they fit in the budget:
+        # filled as pushes are written, emptied as their messages are leased, popped,
+        # requeued, moved or purged, so a row here is always the row in SQLite.
+        self._recent: dict[int, Row] = {}
+        self._recent_bytes = 0
+        self._recent_max = body_cache_bytes
         # Opened (and loaded) on a worker thread, then written only from the event loop.
         self._conn: sqlite3.Connection | None = None
         self._unwritten: list[Op] = []  # applied, not yet written
@@ -261,12 +280,47 @@ class SqliteStorage(Storage):
                 j = i + 1
                 while j < n and type(ops[j]) is kind:
                     j += 1
-                _WRITERS[kind](conn, ops[i:j])
+                run = ops[i:j]
+                _WRITERS[kind](conn, run)
+                if kind is Push:
+                    self._remember(run)
+                elif self._recent and kind in _CHANGES_ROWS:
+                    self._forget(run)
                 i = j
         except Exception as e:  # the disk refused: memory and disk now disagree
             self._fail(e)
             raise StorageFailed(self.failed or "") from e
         self._uncommitted += len(ops)
+
+    def _remember(self, ops: Sequence[Any]) -> None:
+        """Keeps the rows of pushed messages while the budget has room for them."""
+        room = self._recent_max - self._recent_bytes
+        if room <= 0:
+            return
+        recent = self._recent
+        make = Row._make
+        used = 0
+        for op in ops:
+            cost = len(op.body) + _ROW_BYTES
+            if cost <= room - used:
+                recent[op.seq] = make((op.id, op.body, op.content_type, 0))
+                used += cost
+        self._recent_bytes += used
+
+    def _forget(self, ops: Sequence[Any]) -> None:
+        """Drops the cached rows of messages a lease, removal, requeue, move or purge
+        changed or deleted."""
+        pop = self._recent.pop
+        freed = 0
+        if type(ops[0]) is Purge:
+            seqs = [seq for op in ops for seq in op.seqs]
+        else:
+            seqs = [op[2] for op in ops]  # Lease, Remove, Requeue, DeadLetter: seq is third
+        for seq in seqs:
+            row = pop(seq, None)
+            if row is not None:
+                freed += len(row[1]) + _ROW_BYTES
+        self._recent_bytes -= freed
 
     def _flush(self) -> None:
         """Commits the open transaction on the event loop itself, fsync included
@@ -314,6 +368,20 @@ class SqliteStorage(Storage):
         conn = self._conn
         assert conn is not None
         out: dict[int, Row] = {}
+        recent = self._recent
+        if recent:
+            missing: list[int] = []
+            for seq in seqs:
+                row = recent.get(seq)
+                if row is None:
+                    missing.append(seq)
+                else:
+                    out[seq] = row
+            self.cache_hits += len(seqs) - len(missing)
+            if not missing:
+                return out
+            seqs = missing
+        self.cache_misses += len(seqs)
         make = Row._make
         for i in range(0, len(seqs), _READ_CHUNK):
             chunk = seqs[i : i + _READ_CHUNK]
@@ -361,21 +429,56 @@ def _migrate(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE queues ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'")
 
 
-def _w_push(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
-    conn.executemany(
-        "INSERT INTO messages (seq, queue, id, content_type, body, enqueued_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        [(op.seq, op.queue, op.id, op.content_type, op.body, op.enqueued_at) for op in ops],
+def _pieces(n: int) -> list[tuple[int, int]]:
+    """(start, size) pieces of a run of n rows, sizes powers of two up to _MAX_PIECE: a
+    run of many rows takes a few multi-row statements (one statement per row costs about
+    1 µs more a row in SQLite), and the texts of those statements stay few enough for
+    the connection's statement cache."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    while start < n:
+        size = min(_MAX_PIECE, 1 << ((n - start).bit_length() - 1))
+        out.append((start, size))
+        start += size
+    return out
+
+
+_MAX_PIECE = 128
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_rows(n: int) -> str:
+    # Each row binds its Push op's tuple as it is, by parameter number (?3 is the op's
+    # third field), rather than a tuple of parameters built per row.
+    # Push is (queue, id, seq, body, content_type, enqueued_at, dedup_until): seven
+    # parameters a row, of which the seventh has no column.
+    rows = ",".join(
+        f"(?{k + 1}, ?{k + 2}, ?{k + 3}, ?{k + 4}, ?{k + 5}, ?{k + 6})" for k in range(0, 7 * n, 7)
     )
+    return f"INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at) VALUES {rows}"
+
+
+@functools.lru_cache(maxsize=16)
+def _delete_rows(n: int) -> str:
+    return f"DELETE FROM messages WHERE seq IN ({','.join('?' * n)})"
+
+
+def _w_push(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    for start, size in _pieces(len(ops)):
+        params = list(chain.from_iterable(ops[start : start + size]))
+        params.pop()  # the last op's dedup_until: no placeholder takes it
+        conn.execute(_insert_rows(size), params)
     dedup = [(op.id, op.queue, op.dedup_until) for op in ops if op.dedup_until > 0]
     if dedup:
         conn.executemany("INSERT OR REPLACE INTO dedup (id, queue, until) VALUES (?, ?, ?)", dedup)
 
 
 def _w_lease(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
+    # Lease is (queue, id, seq, token, until, receive_count); binding the whole op would
+    # copy its queue and id strings into SQLite for nothing.
     conn.executemany(
         "UPDATE messages SET lease = ?, lease_until = ?, receive_count = ? WHERE seq = ?",
-        [(op.token, op.until, op.receive_count, op.seq) for op in ops],
+        [(op[3], op[4], op[5], op[2]) for op in ops],
     )
 
 
@@ -405,7 +508,9 @@ def _w_forget_dedup(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
 
 
 def _w_remove(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
-    conn.executemany("DELETE FROM messages WHERE seq = ?", [(op.seq,) for op in ops])
+    seqs = [op[2] for op in ops]  # Remove is (queue, id, seq)
+    for start, size in _pieces(len(seqs)):
+        conn.execute(_delete_rows(size), seqs[start : start + size])
 
 
 def _w_purge(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
@@ -445,6 +550,9 @@ def _w_drop(conn: sqlite3.Connection, ops: Sequence[Any]) -> None:
         conn.execute("DELETE FROM registrations WHERE queue = ?", (op.queue,))
         conn.execute("DELETE FROM queues WHERE name = ?", (op.queue,))
 
+
+# Ops after which a cached row (SqliteStorage._recent) is stale or gone.
+_CHANGES_ROWS = frozenset({Lease, Remove, Requeue, DeadLetter, Purge})
 
 _WRITERS: dict[type, Callable[[sqlite3.Connection, Sequence[Any]], None]] = {
     Push: _w_push,
