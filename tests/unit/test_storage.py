@@ -57,6 +57,11 @@ _OPEN: list[SqliteStorage] = []
 @pytest.fixture(autouse=True)
 async def _close_reopened() -> AsyncIterator[None]:
     yield
+    await _close_open()
+
+
+async def _close_open() -> None:
+    """Closes the stores `_reopen` opened: a node's database has one owner at a time."""
     while _OPEN:
         await _OPEN.pop().close()
 
@@ -376,6 +381,7 @@ async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_aft
     assert again.counts("dead")["ready"] == 1
 
     # Consumed from the DLQ: gone, and no longer counted against its origin after a reopen.
+    await _close_open()
     storage = SqliteStorage(path, fsync=True)
     state = storage.load()
     _, leased = state.lease("dead", 1, now=now + 2, visibility_s=30, new_token=_tokens("t2"))
@@ -505,3 +511,18 @@ async def test_a_message_migrated_from_the_old_schema_is_not_dropped_as_past_ret
     assert state.expired_by_retention("jobs", now, retention_s) == []
     got, _ = state.pop("jobs", 1, now=now, retention_s=retention_s)
     assert [t.id for t in got] == [mid]
+
+
+async def test_a_second_storage_on_the_same_database_is_refused_while_the_first_is_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "zdmq.sqlite3"
+    first = SqliteStorage(path, fsync=True)
+    state = first.load()
+    await first.submit([state.push("jobs", "a", b"kept", None)])
+    with pytest.raises(StorageFailed, match="in use by another process"):
+        SqliteStorage(path, fsync=True).load()
+    # The refused opener changed nothing; once the owner closes, a restart loads it all.
+    await first.close()
+    again = await _reopen(path)
+    assert again.ready_list("jobs") == ["a"]

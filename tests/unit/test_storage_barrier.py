@@ -22,11 +22,13 @@ async def test_a_barrier_waits_for_ops_submitted_but_not_yet_committed(tmp_path:
     assert not first.done() and not barrier.done()
     await asyncio.wait_for(barrier, 5)
     assert first.done()
-    # Durable by then: a second reader of the file sees the row.
+    # Durable by then: committed (the node holds its database exclusively, so no second
+    # reader can look while it is open), and a restart after a close finds the row.
+    assert storage.commits == 1
+    await storage.close()
     reader = SqliteStorage(path, fsync=True)
     assert reader.load().holder("a") == "jobs"
     await reader.close()
-    await storage.close()
 
 
 async def test_ops_submitted_in_one_loop_iteration_share_one_commit(tmp_path: Path) -> None:

@@ -145,6 +145,8 @@ class MemoryStorage(Storage):
         return None
 
 
+_LOCK_WAIT_S = 2.0  # how long opening waits for another process's lock on the database
+
 # The bodies of recently pushed messages kept in memory, so that a consumer that keeps up
 # is served without reading its messages back from SQLite (docs/design.md §8). A cached
 # row costs its body and about _ROW_BYTES more (the Row, its id string, the dict slot).
@@ -179,11 +181,26 @@ class SqliteStorage(Storage):
         return self._open_and_load()
 
     def _open_and_load(self) -> NodeState:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'OFF'}")
-        conn.execute("PRAGMA temp_store=MEMORY")
-        conn.executescript(_SCHEMA)
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=_LOCK_WAIT_S
+        )
+        # One process owns a node's database. The exclusive lock is taken once and kept:
+        # commits make no lock calls (six fcntl calls each in WAL's shared mode), the WAL
+        # index lives in this process's memory instead of a shared -shm file, and a second
+        # node started on the same data_dir is refused rather than allowed to interleave.
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'OFF'}")
+            conn.execute("PRAGMA temp_store=MEMORY")
+            conn.executescript(_SCHEMA)
+        except sqlite3.OperationalError as e:
+            conn.close()
+            if "locked" not in str(e):
+                raise
+            raise StorageFailed(
+                f"{self.path} is in use by another process (another node on this data_dir?)"
+            ) from e
         _migrate(conn)
         self._conn = conn
         state = NodeState(self)
