@@ -209,8 +209,11 @@ class Consumer:
         return fut
 
     def _count_ack(self, fut: asyncio.Future[str | None]) -> None:
-        if not fut.cancelled() and fut.result() is None:
+        code = "cancelled" if fut.cancelled() else fut.result()
+        if code is None:
             self.acked += 1
+        else:  # the lease runs out and the message comes back
+            log.warning("an ack on %s did not take effect: %s", self.queue, code)
 
     async def nack(self, msg: ReceivedMessage, delay_s: float = 0.0) -> bool:
         """Releases a message now (body mode): visible again after `delay_s`."""
