@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from profile_push import _start_spy, _stop_spy, summarize
+from profile_push import _start_spy, _stop_spy, run_and_tabulate, summarize
 
 from zdmq.bench.driver import SystemSpec
 from zdmq.bench.workloads import reset_queue, run_phase
@@ -157,24 +157,18 @@ def main() -> int:
         "| clients CPU s | commits per 100 msgs | rows from cache |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    rows = []
-    for i in range(args.runs):
-        profile = args.profile and i == args.runs - 1
-        r = run_once(args, profile, args.out)
-        rows.append(r)
-        tag = f"{i + 1}{' (profiled)' if profile else ''}"
-        print(
-            f"| {tag} | {r['rate']:,.0f} | {r['push']:,.0f} | {r['recv']:,.0f} "
-            f"| {r['srv_us']:.1f} | {r['srv_s']:.2f} | {r['cli_s']:.2f} | {r['commits']:.1f} "
-            f"| {_pct(r['cached'])} |",
-            flush=True,
+
+    def cells(r: dict[str, float]) -> str:
+        return (
+            f"{r['rate']:,.0f} | {r['push']:,.0f} | {r['recv']:,.0f} | {r['srv_us']:.1f} "
+            f"| {r['srv_s']:.2f} | {r['cli_s']:.2f} | {r['commits']:.1f} | {_pct(r['cached'])} |"
         )
-    plain = [r for i, r in enumerate(rows) if not (args.profile and i == args.runs - 1)] or rows
-    med = {k: sorted(r[k] for r in plain)[len(plain) // 2] for k in plain[0]}
-    print(
-        f"| median of {len(plain)} | {med['rate']:,.0f} | {med['push']:,.0f} | {med['recv']:,.0f} "
-        f"| {med['srv_us']:.1f} | {med['srv_s']:.2f} | {med['cli_s']:.2f} | {med['commits']:.1f} "
-        f"| {_pct(med['cached'])} |"
+
+    run_and_tabulate(
+        args.runs,
+        bool(args.profile),
+        lambda p: run_once(args, bool(p), args.out),
+        cells,
     )
     if args.profile:
         print()

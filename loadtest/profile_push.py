@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from zdmq.bench.workloads import cpu_seconds, percentile, run_uvloop
 from zdmq.client import Client
@@ -175,6 +176,26 @@ def run_once(args: argparse.Namespace, profile: str | None, out: Path) -> dict[s
     }
 
 
+def run_and_tabulate(
+    runs: int,
+    profiled: bool,
+    run: Callable[[Any], dict[str, float]],
+    cells: Callable[[dict[str, float]], str],
+    profile: Any = True,
+) -> list[dict[str, float]]:
+    """Runs `runs` times (the last one profiled when `profiled`, with `profile` handed to
+    `run`), prints a table row per run, then the median of the runs not profiled."""
+    rows = []
+    for i in range(runs):
+        last = profiled and i == runs - 1
+        rows.append(run(profile if last else None))
+        print(f"| {i + 1}{' (profiled)' if last else ''} | {cells(rows[-1])}", flush=True)
+    plain = [r for i, r in enumerate(rows) if not (profiled and i == runs - 1)] or rows
+    med = {k: sorted(r[k] for r in plain)[len(plain) // 2] for k in plain[0]}
+    print(f"| median of {len(plain)} | {cells(med)}")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--durability", choices=("fsync", "os", "memory"), default="fsync")
@@ -200,22 +221,19 @@ def main() -> int:
     print(f"durability {args.durability}, {args.n} pushes of {len(BODY)} B per run")
     print("| run | push/s | p50 ms | p99 ms | node CPU µs/push | client CPU µs/push |")
     print("|---|---|---|---|---|---|")
-    rows = []
-    for i in range(args.runs):
-        profile = args.profile if i == args.runs - 1 else None
-        r = run_once(args, profile, args.out)
-        rows.append(r)
-        tag = f"{i + 1}{' (profiled)' if profile else ''}"
-        print(
-            f"| {tag} | {r['rate']:,.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
-            f"| {r['srv_us']:.0f} | {r['cli_us']:.0f} |",
-            flush=True,
+
+    def cells(r: dict[str, float]) -> str:
+        return (
+            f"{r['rate']:,.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
+            f"| {r['srv_us']:.0f} | {r['cli_us']:.0f} |"
         )
-    plain = [r for i, r in enumerate(rows) if not (args.profile and i == args.runs - 1)] or rows
-    med = {k: sorted(r[k] for r in plain)[len(plain) // 2] for k in plain[0]}
-    print(
-        f"| median of {len(plain)} | {med['rate']:,.0f} | {med['p50_ms']:.3f} "
-        f"| {med['p99_ms']:.3f} | {med['srv_us']:.0f} | {med['cli_us']:.0f} |"
+
+    run_and_tabulate(
+        args.runs,
+        bool(args.profile),
+        lambda p: run_once(args, p, args.out),
+        cells,
+        profile=args.profile,
     )
     if args.profile:
         for name in ("node.raw", "client.raw"):
