@@ -88,10 +88,6 @@ class AckBatcher:
             self._task = asyncio.create_task(self._run(), name="zdmq-acks")
         return fut
 
-    @property
-    def pending(self) -> int:
-        return len(self._pending)
-
     async def flush(self) -> None:
         """Returns once every ack queued so far has its verdict."""
         while self._task is not None:
@@ -198,7 +194,8 @@ class Consumer:
     async def ack(self, msg: ReceivedMessage) -> bool:
         """Acks a message now (body mode) and waits until the ack is committed; False
         when it did not take effect (its lease had already ended, say)."""
-        return await self._ack(msg) is None
+        # Shielded: a caller that gives up does not withdraw an ack already queued.
+        return await asyncio.shield(self._ack(msg)) is None
 
     def _ack(self, msg: ReceivedMessage) -> asyncio.Future[str | None]:
         """Queues the ack of a message this consumer holds: its verdict, once sent."""
@@ -371,7 +368,7 @@ class Consumer:
 
     async def _settle(self, msg: ReceivedMessage, error: BaseException | None) -> Outcome:
         if error is None:
-            code = await self._ack(msg)
+            code = await asyncio.shield(self._ack(msg))
             return Outcome(msg, code is None, None, code)
         self._held.pop(msg.receipt, None)
         self._room.set()
