@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from importlib import resources
 from itertools import repeat
 from typing import Any
@@ -290,13 +291,8 @@ def _batch_items(
             raise InvalidMessage(f"messages[{i}]: expected an object")
         try:
             body = decode_body(m.get("body"), m.get("encoding", "utf-8"), max_bytes)
-            mid, dedup_id = m.get("id"), m.get("dedup_id")
-            if dedup_id is not None:
-                if mid is not None:
-                    raise InvalidMessage("give id or dedup_id, not both")
-                mid = dedup_message_id(queue, dedup_id)
-            else:
-                mid = validate_message_id(mid) if mid is not None else new_message_id()
+            dedup_id = m.get("dedup_id")
+            mid = _item_id(queue, m.get("id"), dedup_id)
         except ZdmqError as e:
             e.message = f"messages[{i}]: {e.message}"
             raise
@@ -333,20 +329,23 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
         return list(map(PushItem._make, zip(ids, bodies, ctypes, repeat(False))))
     items: list[PushItem] = []
     for i in range(n):
-        mid = ids[i] if ids is not None else None
         dedup_id = dedups[i] if dedups is not None else None
-        if dedup_id is not None:
-            if mid is not None:
-                raise InvalidMessage(f"messages[{i}]: give id or dedup_id, not both")
-            try:
-                mid = dedup_message_id(queue, dedup_id)
-            except ZdmqError as e:
-                e.message = f"messages[{i}]: {e.message}"
-                raise
-        elif mid is None:
-            mid = new_message_id()
+        try:
+            mid = _item_id(queue, ids[i] if ids is not None else None, dedup_id)
+        except ZdmqError as e:
+            e.message = f"messages[{i}]: {e.message}"
+            raise
         items.append(PushItem(mid, bodies[i], ctypes[i], dedup_id is not None))
     return items
+
+
+def _item_id(queue: str, mid: Any, dedup_id: Any) -> str:
+    """The id a batch item is stored under: its dedup id's, its own (checked), or a new one."""
+    if dedup_id is not None:
+        if mid is not None:
+            raise InvalidMessage("give id or dedup_id, not both")
+        return dedup_message_id(queue, dedup_id)
+    return validate_message_id(mid) if mid is not None else new_message_id()
 
 
 def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
@@ -464,16 +463,14 @@ async def receive(request: Request) -> Response:
 async def _settle(request: Request, action: str) -> Response:
     node, queue = request.app[NODE], _queue(request)
     limit = node.config.limits.max_batch_messages
+    given: Callable[[str], float | None]  # a number the caller gave, None if not given
     if _is_frame(request):
         # A frame holds the receipts only; delay_s and visibility_s are query parameters.
         receipts: list[Any] = _frame_receipts(request.body, limit)
-        delay_s = _float_param(request, "delay_s", 0.0, MAX_VISIBILITY_S) or 0.0
-        visibility_s = 0.0
-        if action == "extend":
-            vis = _float_param(request, "visibility_s", 0.0, MAX_VISIBILITY_S)
-            if vis is None:
-                raise BadRequest("visibility_s: required to extend a lease")
-            visibility_s = vis
+
+        def given(name: str) -> float | None:
+            return _float_param(request, name, 0.0, MAX_VISIBILITY_S)
+
     else:
         payload = await _json_body(request)
         if not isinstance(payload, dict) or not isinstance(payload.get("receipts"), list):
@@ -481,12 +478,19 @@ async def _settle(request: Request, action: str) -> Response:
         receipts = payload["receipts"]
         if len(receipts) > limit:
             raise BatchTooLarge(f"{len(receipts)} receipts is over the batch limit of {limit}")
-        delay_s = _float_field(payload, "delay_s", 0.0, MAX_VISIBILITY_S, 0.0)
-        visibility_s = 0.0
-        if action == "extend":
-            if "visibility_s" not in payload:
-                raise BadRequest("visibility_s: required to extend a lease")
-            visibility_s = _float_field(payload, "visibility_s", 0.0, MAX_VISIBILITY_S, 0.0)
+
+        def given(name: str) -> float | None:
+            if name not in payload:
+                return None
+            return _float_field(payload, name, 0.0, MAX_VISIBILITY_S, 0.0)
+
+    delay_s = given("delay_s") or 0.0
+    visibility_s = 0.0
+    if action == "extend":
+        vis = given("visibility_s")
+        if vis is None:
+            raise BadRequest("visibility_s: required to extend a lease")
+        visibility_s = vis
     if not receipts:
         raise BadRequest("receipts: expected at least one receipt")
     if _forwarded(request):
@@ -506,11 +510,8 @@ async def _settle(request: Request, action: str) -> Response:
 
 def _frame_receipts(raw: bytes, limit: int) -> list[Any]:
     b = decode_batch(raw, max_count=limit)
-    if b.count and b.receipts is None:
-        raise BadRequest("an ack, nack or extend batch frame has a receipts column only")
-    if b.ids is not None or b.bodies is not None or b.receive_counts is not None:
-        raise BadRequest("an ack, nack or extend batch frame has a receipts column only")
-    if b.content_types is not None or b.dedup_ids is not None:
+    others = (b.ids, b.bodies, b.receive_counts, b.content_types, b.dedup_ids)
+    if (b.count and b.receipts is None) or any(c is not None for c in others):
         raise BadRequest("an ack, nack or extend batch frame has a receipts column only")
     receipts = b.receipts or []
     if None in receipts:
