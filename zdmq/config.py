@@ -70,6 +70,9 @@ class ClusterConfig:
     limits: Limits = field(default_factory=Limits)
     # How often a node re-registers its non-empty queues with their metadata owners.
     repair_interval_s: float = 5.0
+    # How long a node keeps an emptied UUID queue listed before it unregisters it (0: at
+    # once, as ZDMQ does), so a queue that empties and refills does not re-register each time.
+    unregister_grace_s: float = 1.0
     # Bound on one node-to-node or client-to-node call.
     request_timeout_s: float = 10.0
     source: Path | None = None
@@ -103,6 +106,7 @@ class ClusterConfig:
             "limits",
             "repair_interval_s",
             "request_timeout_s",
+            "unregister_grace_s",
         }
         for key in raw:
             if key not in known:
@@ -138,6 +142,7 @@ class ClusterConfig:
             limits=_limits(raw.get("limits", {})),
             repair_interval_s=_float(raw, "repair_interval_s", 5.0, 0.05, 3600.0),
             request_timeout_s=_float(raw, "request_timeout_s", 10.0, 0.1, 600.0),
+            unregister_grace_s=_float(raw, "unregister_grace_s", 1.0, 0.0, 60.0),
             source=source,
         )
 
@@ -171,6 +176,7 @@ class ClusterConfig:
             },
             "repair_interval_s": self.repair_interval_s,
             "request_timeout_s": self.request_timeout_s,
+            "unregister_grace_s": self.unregister_grace_s,
         }
 
 

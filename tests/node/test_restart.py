@@ -6,9 +6,14 @@ config is the restarted node.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
+import pytest
+
+from tests.helpers import wait_until
 from tests.node.conftest import NodeHttp
 from zdmq.config import ClusterConfig
 
@@ -88,18 +93,67 @@ async def test_pushes_after_a_restart_queue_behind_the_recovered_messages(
         assert await _pop_ids(http, "jobs") == before + after
 
 
+@pytest.mark.parametrize("grace_s", [0.0, 0.5])
 async def test_a_queue_drained_after_a_restart_drops_the_node_from_its_metadata_list(
-    node_config: ClusterConfig, serve_node: Serve
+    node_config: ClusterConfig, serve_node: Serve, grace_s: float
 ) -> None:
-    async with serve_node(node_config) as http:
+    config = dataclasses.replace(node_config, unregister_grace_s=grace_s)
+    async with serve_node(config) as http:
         assert (await http.put("/v1/queues/jobs")).status == 201
         await http.post("/v1/queues/jobs/messages", data=b"x")
 
-    async with serve_node(node_config) as http:
-        meta = await (await http.get("/v1/queues/jobs/metadata")).json()
-        assert [e["node"] for e in meta["nodes"]] == ["n1"]
+    async with serve_node(config) as http:
+
+        async def listed() -> list[str]:
+            meta = await (await http.get("/v1/queues/jobs/metadata")).json()
+            return [e["node"] for e in meta["nodes"]]
+
+        async def unlisted() -> bool:
+            return await listed() == []
+
+        assert await listed() == ["n1"]
         assert (await http.post("/v1/queues/jobs/pop")).status == 200
-        # ZDMQ's empty step: the pop that finds the UUID queue empty unlists the node.
+        # ZDMQ's empty step: the pop that finds the UUID queue empty unlists the node, at
+        # once with no grace, else once the grace has passed with the queue still empty.
+        started = time.monotonic()
         assert (await http.post("/v1/queues/jobs/pop")).status == 204
-        meta = await (await http.get("/v1/queues/jobs/metadata")).json()
-        assert meta["nodes"] == []
+        if grace_s:
+            assert await listed() == ["n1"]
+            await wait_until(unlisted, what="the node to leave the list")
+            assert time.monotonic() - started >= grace_s
+        assert await listed() == []
+
+
+async def test_a_queue_that_refills_within_the_grace_keeps_its_registration(
+    node_config: ClusterConfig, serve_node: Serve
+) -> None:
+    config = dataclasses.replace(node_config, unregister_grace_s=0.5)
+    async with serve_node(config) as http:
+
+        async def counter(name: str) -> int:
+            health = await (await http.get("/v1/health")).json()
+            return int(health["counters"].get(name, 0))
+
+        async def listed() -> list[str]:
+            meta = await (await http.get("/v1/queues/jobs/metadata")).json()
+            return [e["node"] for e in meta["nodes"]]
+
+        async def unlisted() -> bool:
+            return await listed() == []
+
+        assert (await http.put("/v1/queues/jobs")).status == 201
+        for body in (b"a", b"b"):
+            assert (await http.post("/v1/queues/jobs/messages", data=body)).status == 201
+            assert (await http.post("/v1/queues/jobs/pop")).status == 200
+            assert (await http.post("/v1/queues/jobs/pop")).status == 204  # empty: grace starts
+        # Emptied and refilled inside the grace: registered once, never unregistered.
+        assert await counter("registrations") == 1
+        assert await counter("unregistrations") == 0
+        assert await listed() == ["n1"]
+
+        # Left empty past the grace, it unregisters; the next push registers again.
+        await wait_until(unlisted, what="the node to leave the list")
+        assert await counter("unregistrations") == 1
+        assert (await http.post("/v1/queues/jobs/messages", data=b"c")).status == 201
+        assert await counter("registrations") == 2
+        assert await listed() == ["n1"]

@@ -126,6 +126,7 @@ BAD_FILES: dict[str, tuple[Any, str]] = {
     ),
     "repair_interval_too_small": (_with(repair_interval_s=0), r"^repair_interval_s: "),
     "request_timeout_a_string": (_with(request_timeout_s="1s"), r"^request_timeout_s: "),
+    "unregister_grace_negative": (_with(unregister_grace_s=-1), r"^unregister_grace_s: "),
     "top_level_a_list": ("- n1\n- n2\n", r"^top level: expected a mapping"),
     "empty_file": ("", r"^top level: expected a mapping"),
     "bad_yaml": ("nodes: [\n  - {id: n1\n", r"not valid YAML"),

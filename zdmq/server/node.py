@@ -117,6 +117,8 @@ class Node:
         self._notifying: dict[str, bool] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._monitor_retry_at: dict[str, float] = {}
+        # Emptied UUID queues waiting out `unregister_grace_s` before they unregister.
+        self._drop_timers: dict[str, asyncio.TimerHandle] = {}
         self._new_token = _tokens().__next__
 
     # ---- lifecycle -----------------------------------------------------------------
@@ -125,6 +127,9 @@ class Node:
         self._session = _http.HttpPool(timeout_s=self.config.request_timeout_s, limit_per_host=64)
 
     async def stop(self) -> None:
+        for timer in self._drop_timers.values():
+            timer.cancel()
+        self._drop_timers.clear()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -308,6 +313,7 @@ class Node:
                 {"node": self.id, "first_uuid": first_uuid},
                 lambda j: dict(j),
             )
+            self.counters["registrations"] += 1
             self.settings[queue] = QueueSettings(**reply["settings"])
             lq = self.state.queues.get(queue)
             if lq is None:
@@ -493,9 +499,29 @@ class Node:
             lq = state.queues.get(queue)
         # Registered or not: after a restart `registered` is False (runtime knowledge)
         # while the owner's durable list may still name this node.
-        if (lq is not None and not lq.holds()) or (lq is None and listed):
+        emptied = lq is not None and not lq.holds()
+        if emptied and self.config.unregister_grace_s > 0:
+            self._drop_later(queue)
+        elif emptied or (lq is None and listed):
             await self._drop_empty(queue)
         return []
+
+    def _drop_later(self, queue: str) -> None:
+        """Unregisters the emptied UUID queue of `queue` once `unregister_grace_s` has
+        passed, if it is still empty then: a queue that empties and refills keeps its
+        registration instead of paying an unregister and a register (a call and a commit
+        on the metadata owner each) every time it runs dry. Meanwhile the list names this
+        empty node, which costs a pop guided by the list one more call."""
+        if queue not in self._drop_timers:
+            loop = asyncio.get_running_loop()
+            grace = self.config.unregister_grace_s
+            self._drop_timers[queue] = loop.call_later(grace, self._drop_due, queue)
+
+    def _drop_due(self, queue: str) -> None:
+        del self._drop_timers[queue]
+        lq = self.state.queues.get(queue)
+        if lq is not None and not lq.holds():
+            self._spawn(self._drop_empty(queue))
 
     async def settle_local(
         self,
@@ -665,6 +691,7 @@ class Node:
                 if lq.holds():
                     return  # a message arrived, or some are leased or delayed
                 del self.state.queues[queue]
+            self.counters["unregistrations"] += 1
             try:
                 await self._on_owner(
                     queue,
@@ -679,6 +706,9 @@ class Node:
                 log.warning("unregister %s from %s failed: %s", self.id, queue, e)
 
     async def purge_local(self, queue: str) -> int:
+        timer = self._drop_timers.pop(queue, None)
+        if timer is not None:
+            timer.cancel()
         async with self._locks[queue]:
             n = self.state.depth(queue)
             self.settings.pop(queue, None)
