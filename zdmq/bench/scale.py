@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from zdmq.bench.driver import SystemSpec
-from zdmq.bench.report import format_tables
+from zdmq.bench.report import format_tables, medians
 from zdmq.bench.suite import Knobs, Row, workload_a, workload_b
 from zdmq.bench.workloads import (
     cpu_seconds,
@@ -495,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, nargs="*", help="cluster sizes; none: skip")
     ap.add_argument("--seq-n", type=int, help="one-at-a-time calls per measurement")
     ap.add_argument("--durability", choices=["fsync", "os"])
+    ap.add_argument("--runs", type=int, default=1, help="runs; tables show medians")
     ap.add_argument("--out", type=Path, default=Path("loadtest/results"), help="JSON folder")
     args = ap.parse_args(argv)
 
@@ -512,8 +513,15 @@ def main(argv: list[str] | None = None) -> int:
         n: tuple(v) if isinstance(v, list) else v for n, v in given.items() if v is not None
     }
     k = replace(k, **changes)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
     t0 = time.monotonic()
-    rows = workload_e(k)
+    runs: list[list[Row]] = []
+    for i in range(args.runs):
+        if args.runs > 1:
+            print(f"\nscale: run {i + 1} of {args.runs}")
+        runs.append(workload_e(k))
+    rows = medians(runs) if args.runs > 1 else runs[0]
     print()
     print(format_tables(rows))
     print()
