@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
-from zdmq.errors import NodeUnavailable
+from zdmq.errors import InternalError, NodeUnavailable, ZdmqError
 from zdmq.hashing import Placement
 from zdmq.models import (
     BATCH_CONTENT_TYPE,
@@ -353,15 +353,20 @@ class Client:
                 item = (None, data, None if ctype == _OCTET else ctype, dedup_id)
             ids.append(msg_id)
             by_owner[owner_of(msg_id)].append(item)
-        calls = [
-            self._call(
+
+        async def push_part(owner: str, part: Sequence[_Item]) -> None:
+            reply = await self._call(
                 "push_many",
                 owner,
                 "POST",
                 f"/v1/queues/{queue}/batch",
-                data=_push_frame(items[start:end]),
+                data=_push_frame(part),
                 headers=_FRAME,
             )
+            _check_pushed(reply, len(part), owner)
+
+        calls = [
+            push_part(owner, items[start:end])
             for owner, items in by_owner.items()
             for start, end in _batches(
                 [_item_bytes(item) for item in items], self._max_batch, self._max_request_bytes
@@ -473,9 +478,13 @@ class Client:
                 except NodeUnavailable as e:
                     failed.update((r, e.code) for r in chunk)
                     continue
-                j = reply.json()
-                failed.update((f["receipt"], f["code"]) for f in j["failed"])
-                done += int(j[key])
+                try:
+                    j = reply.json()
+                    refused = {f["receipt"]: f["code"] for f in j["failed"]}
+                    done += int(j[key])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise _unreadable(action, owner, e) from e
+                failed.update(refused)
             return done
 
         done = await asyncio.gather(*(on(o, part) for o, part in by_owner.items()))
@@ -540,7 +549,7 @@ class Client:
             headers=_ACCEPT,
             timeout_s=remaining + self._timeout_s,
         )
-        return _messages(reply, receive)
+        return _messages(reply, receive, op, self.placement.owner(queue))
 
     def _guess(self, queue: str) -> tuple[str, bool]:
         """The node to try first, and whether it came from the metadata list."""
@@ -578,7 +587,7 @@ class Client:
             down.add(node_id)
             msgs: list[Any] = []
         else:
-            msgs = _messages(reply, kind == "receive")
+            msgs = _messages(reply, kind == "receive", op, node_id)
         if not msgs:
             tried.add(node_id)
             cached = self._meta.get(queue)
@@ -618,7 +627,36 @@ def _batches(sizes: list[int], max_count: int, max_bytes: int) -> Iterator[tuple
         yield start, len(sizes)
 
 
-def _messages(reply: _http.Reply, receive: bool) -> list[Message] | list[ReceivedMessage]:
+def _unreadable(op: str, node_id: str, problem: object) -> InternalError:
+    """The error for a 2xx reply that is not what the call answers: a bug on that node
+    (or a peer that is not a zdmq node), which no retry fixes."""
+    return InternalError(f"{op}: node {node_id} sent a reply zdmq cannot read: {problem}")
+
+
+def _check_pushed(reply: _http.Reply, sent: int, node_id: str) -> None:
+    """A batch push's reply names one id per message sent."""
+    try:
+        got = len(reply.json()["ids"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise _unreadable("push_many", node_id, e) from e
+    if got != sent:
+        raise _unreadable("push_many", node_id, f"{got} ids for {sent} messages")
+
+
+def _messages(
+    reply: _http.Reply, receive: bool, op: str, node_id: str
+) -> list[Message] | list[ReceivedMessage]:
+    """The messages of a pop or receive reply from `node_id`; InternalError naming the call
+    and the node when the reply cannot be read (a malformed frame or JSON)."""
+    try:
+        return _read_messages(reply, receive)
+    except (ZdmqError, ValueError, KeyError, TypeError) as e:
+        # A pop's messages were removed before the node replied: they are lost. A
+        # receive's come back when their leases run out.
+        raise _unreadable(op, node_id, e) from e
+
+
+def _read_messages(reply: _http.Reply, receive: bool) -> list[Message] | list[ReceivedMessage]:
     """The messages of a pop or receive reply: a batch frame, or JSON from a node that
     answers JSON."""
     if not reply.headers.get("content-type", "").startswith(BATCH_CONTENT_TYPE):
@@ -635,7 +673,7 @@ def _messages(reply: _http.Reply, receive: bool) -> list[Message] | list[Receive
     ctypes = b.content_types or [None] * b.count
     if receive:
         receipts, counts = b.receipts, b.receive_counts
-        if receipts is None or counts is None:
+        if receipts is None or counts is None or None in receipts:
             raise ValueError("a receive reply frame without receipts")
         return [
             ReceivedMessage(mid, body, receipt, count, ctype)  # type: ignore[arg-type]
