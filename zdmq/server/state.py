@@ -425,6 +425,10 @@ class NodeState:
     op, and planners read the rows of the messages they deliver from it. Without it the
     state keeps its rows in the process (MemoryRows)."""
 
+    # The lease timer heap is rebuilt without its stale pairs once it may hold more than
+    # this many pairs, and more than twice the live ones it kept last time.
+    lease_timers_floor = 4096
+
     def __init__(self, rows: Rows | None = None) -> None:
         self.queues: dict[str, LocalQueue] = {}
         # Messages that are not ready (leased or delayed), by id.
@@ -442,6 +446,15 @@ class NodeState:
         self._lease_timers: list[tuple[float, int, list[tuple[str, str]]]] = []
         self._last_lease_timer: tuple[float, int, list[tuple[str, str]]] | None = None
         self._lease_timer_n = 0
+        # A lease acked, nacked or extended leaves its pair on the heap until its old end:
+        # with a long visibility that is rate x visibility pairs. So the pairs put on the
+        # heap are counted (an upper bound: a pair is counted when its entry closes, and
+        # not uncounted when due_leases takes it), and past both lease_timers_floor and
+        # twice the live pairs the last rebuild kept, the heap is rebuilt with its live
+        # pairs only. Each rebuild is paid for by at least as many pairs pushed since the
+        # last one: O(1) a lease, and only when an entry opens (once a receive).
+        self._lease_timer_pairs = 0
+        self._lease_timers_max = 0
         self._delay_timers: list[tuple[float, int, str]] = []
         # Ready messages being restored: (ready_at, seq, queue, enqueued_at, origin).
         self._restoring: list[tuple[float, int, str, float, str | None]] = []
@@ -926,7 +939,7 @@ class NodeState:
         out: list[tuple[str, str, str]] = []
         while timers and timers[0][0] <= now and len(out) < limit:
             when, n, leases = heapq.heappop(timers)
-            self._last_lease_timer = None  # no lease joins an entry off the heap
+            self._close_lease_timer()  # no lease joins an entry off the heap
             due = list(leases)
             while timers and timers[0][0] == when:
                 due += heapq.heappop(timers)[2]
@@ -949,13 +962,51 @@ class NodeState:
     def _lease_timer(self, until: float, mid: str, token: str) -> None:
         """Schedules lease `token` of `mid` to be looked at when it ends, at `until`."""
         last = self._last_lease_timer
-        if last is not None and last[0] == until:
-            last[2].append((mid, token))
-            return
+        if last is not None:
+            if last[0] == until:
+                last[2].append((mid, token))
+                return
+            self._close_lease_timer()
+        pairs = self._lease_timer_pairs
+        if pairs > self._lease_timers_max and pairs > self.lease_timers_floor:
+            self._compact_lease_timers()
         self._lease_timer_n += 1
         entry = (until, self._lease_timer_n, [(mid, token)])
         heapq.heappush(self._lease_timers, entry)
         self._last_lease_timer = entry
+
+    def _close_lease_timer(self) -> None:
+        """No more leases join the last entry: its pairs are counted."""
+        last = self._last_lease_timer
+        if last is not None:
+            self._lease_timer_pairs += len(last[2])
+            self._last_lease_timer = None
+
+    def _compact_lease_timers(self) -> None:
+        """Rebuilds the lease timer heap with the pairs still live (the message still
+        holds that lease, ending at that entry's time): the pairs due_leases would skip
+        are dropped, and entries keep their (until, n), so due_leases hands out the same
+        leases in the same order as before."""
+        self._close_lease_timer()
+        hot = self.hot
+        kept: list[tuple[float, int, list[tuple[str, str]]]] = []
+        pairs = 0
+        for entry in self._lease_timers:
+            when, _, leases = entry
+            live = [
+                (mid, token)
+                for mid, token in leases
+                if (m := hot.get(mid)) is not None and m.lease == token and m.lease_until == when
+            ]
+            if live:
+                if len(live) < len(leases):
+                    leases[:] = live
+                kept.append(entry)
+                pairs += len(live)
+        heapq.heapify(kept)
+        self._lease_timers = kept
+        self._lease_timer_pairs = pairs
+        self._lease_timers_max = 2 * pairs
 
     def next_timer(self) -> float | None:
         """When the earliest lease expiry or delay end is due (stale entries included)."""
@@ -1008,6 +1059,11 @@ class NodeState:
     def stored(self) -> int:
         """How many messages this node stores, in every queue."""
         return len(self.ready_ids) + len(self.hot)
+
+    def lease_timer_pairs(self) -> int:
+        """The (id, token) pairs on the lease timer heap, live or stale (for tests and
+        diagnostics; O(entries))."""
+        return sum(len(leases) for _, _, leases in self._lease_timers)
 
     def some_id(self, queue: str) -> str | None:
         """The id of some message of `queue` on this node (its firstUUID if it has one)."""
