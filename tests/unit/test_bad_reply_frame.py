@@ -225,3 +225,46 @@ async def test_an_ack_nack_or_extend_reply_that_cannot_be_read_raises_internal_e
     await _raises_internal(node, op, SETTLES[op])
     [(line, _)] = node.requests
     assert line.startswith(f"POST /v1/queues/q/{op}")
+
+
+LOOKUPS: dict[str, tuple[Call, str]] = {
+    "stats": (lambda c: c.stats("q"), "GET /v1/queues/q "),
+    "queue_settings": (lambda c: c.queue_settings("q"), "GET /v1/queues/q/metadata "),
+    "metadata": (lambda c: c.metadata("q"), "GET /v1/queues/q/metadata "),
+}
+
+
+@pytest.mark.parametrize("op", sorted(LOOKUPS))
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"garbage, not JSON", id="not-json"),
+        pytest.param(b"{}", id="empty-object"),
+        pytest.param(b'{"nodes": [7], "settings": [], "queue": "q"}', id="wrong-shapes"),
+        pytest.param(b"[]", id="a-list"),
+    ],
+)
+async def test_a_stats_or_metadata_reply_that_cannot_be_read_raises_internal_error(
+    op: str, body: bytes
+) -> None:
+    call, line = LOOKUPS[op]
+    node = BadNode(body, "application/json")
+    await _raises_internal(node, op, call)
+    assert [r[0][: len(line)] for r in node.requests] == [line]
+
+
+async def test_a_cluster_reply_that_cannot_be_read_raises_internal_error() -> None:
+    node = BadNode(b'{"nodes": "n1"}', "application/json")
+    server = await asyncio.start_server(node.serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        with pytest.raises(InternalError, match=rf"^discover: node {url} sent a reply"):
+            async with asyncio.timeout(WAIT_S), Client(url, timeout_s=WAIT_S):
+                pass
+    finally:
+        server.close()
+        for conn in list(node.conns):
+            conn.cancel()
+        await asyncio.gather(*node.conns, return_exceptions=True)
+        await server.wait_closed()
+    assert [r[0] for r in node.requests] == ["GET /v1/cluster HTTP/1.1"]

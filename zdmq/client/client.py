@@ -22,11 +22,11 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
@@ -67,6 +67,8 @@ _ROUTE_LISTED = {"zdmq-route": "local", "zdmq-listed": "1", **_ACCEPT}
 _TEXT = "text/plain; charset=utf-8"
 
 _OCTET = "application/octet-stream"
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -163,17 +165,20 @@ class Client:
             except NodeUnavailable as e:
                 last = e
                 continue
-            info = reply.json()
-            self._layout(
-                [(n["id"], n["url"]) for n in info["nodes"]],
-                int(info["partitions"]),
-                int(info["replication"]),
-            )
-            limits = info.get("limits", {})
-            self._max_batch = int(limits.get("max_batch_messages", self._max_batch))
-            self._max_request_bytes = int(limits.get("max_request_bytes", self._max_request_bytes))
+            _read("discover", url, reply, self._learn)
             return
         raise NodeUnavailable(f"no node answered at {self._seed_urls}: {last}")
+
+    def _learn(self, info: Any) -> None:
+        """Takes the layout and limits of a `/v1/cluster` reply."""
+        self._layout(
+            [(n["id"], n["url"]) for n in info["nodes"]],
+            int(info["partitions"]),
+            int(info["replication"]),
+        )
+        limits = info.get("limits", {})
+        self._max_batch = int(limits.get("max_batch_messages", self._max_batch))
+        self._max_request_bytes = int(limits.get("max_request_bytes", self._max_request_bytes))
 
     @property
     def placement(self) -> Placement:
@@ -249,36 +254,40 @@ class Client:
     async def stats(self, queue: str) -> QueueStats:
         validate_queue_name(queue)
         self._begin("stats")
-        reply = await self._call("stats", self.placement.owner(queue), "GET", f"/v1/queues/{queue}")
-        j = reply.json()
-        return QueueStats(
-            j["queue"],
-            int(j["messages"]),
-            tuple(j["nodes"]),
-            dict(j["depth"]),
-            int(j.get("in_flight", 0)),
-            int(j.get("delayed", 0)),
-            int(j.get("dead_lettered", 0)),
+        owner = self.placement.owner(queue)
+        reply = await self._call("stats", owner, "GET", f"/v1/queues/{queue}")
+        return _read(
+            "stats",
+            owner,
+            reply,
+            lambda j: QueueStats(
+                j["queue"],
+                int(j["messages"]),
+                tuple(j["nodes"]),
+                dict(j["depth"]),
+                int(j.get("in_flight", 0)),
+                int(j.get("delayed", 0)),
+                int(j.get("dead_lettered", 0)),
+            ),
         )
 
     async def queue_settings(self, queue: str) -> QueueSettings:
         """The settings the queue was created with."""
         validate_queue_name(queue)
         self._begin("queue_settings")
-        reply = await self._call(
-            "queue_settings", self.placement.owner(queue), "GET", f"/v1/queues/{queue}/metadata"
-        )
-        return QueueSettings(**reply.json()["settings"])
+        owner = self.placement.owner(queue)
+        reply = await self._call("queue_settings", owner, "GET", f"/v1/queues/{queue}/metadata")
+        return _read("queue_settings", owner, reply, lambda j: QueueSettings(**j["settings"]))
 
     async def metadata(self, queue: str, *, op: str = "metadata") -> list[str]:
         """The nodes the queue's metadata list names (those that may hold messages)."""
         validate_queue_name(queue)
         if op == "metadata":
             self._begin(op)
-        reply = await self._call(
-            op, self.placement.owner(queue), "GET", f"/v1/queues/{queue}/metadata"
-        )
-        nodes = [e["node"] for e in reply.json()["nodes"] if e["node"] in self._urls]
+        owner = self.placement.owner(queue)
+        reply = await self._call(op, owner, "GET", f"/v1/queues/{queue}/metadata")
+        listed = _read(op, owner, reply, lambda j: [str(e["node"]) for e in j["nodes"]])
+        nodes = [n for n in listed if n in self._urls]
         # The cache keeps its own list: pops prune it as nodes turn out empty.
         self._meta[queue] = (time.monotonic(), list(nodes))
         return nodes
@@ -478,13 +487,14 @@ class Client:
                 except NodeUnavailable as e:
                     failed.update((r, e.code) for r in chunk)
                     continue
-                try:
-                    j = reply.json()
-                    refused = {f["receipt"]: f["code"] for f in j["failed"]}
-                    done += int(j[key])
-                except (ValueError, KeyError, TypeError) as e:
-                    raise _unreadable(action, owner, e) from e
+                refused, took = _read(
+                    action,
+                    owner,
+                    reply,
+                    lambda j: ({f["receipt"]: f["code"] for f in j["failed"]}, int(j[key])),
+                )
                 failed.update(refused)
+                done += took
             return done
 
         done = await asyncio.gather(*(on(o, part) for o, part in by_owner.items()))
@@ -633,12 +643,18 @@ def _unreadable(op: str, node_id: str, problem: object) -> InternalError:
     return InternalError(f"{op}: node {node_id} sent a reply zdmq cannot read: {problem}")
 
 
+def _read(op: str, node_id: str, reply: _http.Reply, read: Callable[[Any], T]) -> T:
+    """`read` applied to a JSON reply; InternalError naming the call and the node when the
+    reply is not JSON of the shape `read` expects."""
+    try:
+        return read(reply.json())
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise _unreadable(op, node_id, e) from e
+
+
 def _check_pushed(reply: _http.Reply, sent: int, node_id: str) -> None:
     """A batch push's reply names one id per message sent."""
-    try:
-        got = len(reply.json()["ids"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise _unreadable("push_many", node_id, e) from e
+    got = _read("push_many", node_id, reply, lambda j: len(j["ids"]))
     if got != sent:
         raise _unreadable("push_many", node_id, f"{got} ids for {sent} messages")
 
