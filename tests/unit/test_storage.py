@@ -526,3 +526,36 @@ async def test_a_second_storage_on_the_same_database_is_refused_while_the_first_
     await first.close()
     again = await _reopen(path)
     assert again.ready_list("jobs") == ["a"]
+
+
+async def test_an_fsync_store_lays_its_wal_out_and_reads_back_through_it(tmp_path: Path) -> None:
+    path = tmp_path / "zdmq.sqlite3"
+    wal = path.with_name(path.name + "-wal")
+    storage = SqliteStorage(path, fsync=True)
+    rec = _Recorder(storage.load())
+    # Laid out before the first commit: a checkpoint's worth of frames, all zeros.
+    size = wal.stat().st_size
+    assert size > 1000 * 4096
+    assert wal.read_bytes() == bytes(size)
+    for i in range(5):
+        rec.push("jobs", f"a{i}", b"body %d" % i, None)
+    await storage.submit(rec.take())
+    # A copy taken while the store is open is what kill -9 leaves: frames at the head of
+    # the WAL, zeros after them. Opening it recovers the frames and lays the WAL out anew.
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    for f in (path, wal):
+        (crashed / f.name).write_bytes(f.read_bytes())
+    await storage.close()
+    again = await _reopen(crashed / path.name)
+    assert again.ready_list("jobs") == [f"a{i}" for i in range(5)]
+    assert (crashed / wal.name).stat().st_size == size
+
+
+async def test_an_os_store_leaves_its_wal_to_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "zdmq.sqlite3"
+    storage = SqliteStorage(path, fsync=False)
+    storage.load()
+    # Only what loading wrote (the schema): no laid-out checkpoint's worth of frames.
+    assert path.with_name(path.name + "-wal").stat().st_size < 1000 * 4096
+    await storage.close()
