@@ -119,21 +119,25 @@ class _Conn(asyncio.Protocol):
         self.deadline = 0.0  # time.monotonic() by which the current call must be answered
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
-        self._buf += data
         waiter = self._waiter
         if waiter is None or waiter.done():
             # Bytes nobody asked for: they would be read as the next call's reply.
+            self._buf += data
             self.keep_alive = False
             self._fail(ConnectionResetError("unexpected bytes on an idle connection"))
             return
         try:
-            reply = self._parse()
+            if self._buf or self._head is not None or (reply := self._parse_read(data)) is None:
+                self._buf += data
+                reply = self._parse()
         except _ProtocolError as e:
             self._fail(ConnectionResetError(f"bad reply: {e}"))
             return
@@ -168,8 +172,8 @@ class _Conn(asyncio.Protocol):
     def send(self, data: bytes, head_request: bool, deadline: float) -> asyncio.Future[Reply]:
         """Writes a request; the future resolves to its reply, or fails with
         TimeoutError once `deadline` (time.monotonic()) passes."""
-        assert self.transport is not None
-        loop = asyncio.get_running_loop()
+        assert self.transport is not None and self._loop is not None
+        loop = self._loop
         self._waiter = waiter = loop.create_future()
         self._head = None
         self._chunks = None
@@ -196,6 +200,20 @@ class _Conn(asyncio.Protocol):
             self._timer = asyncio.get_running_loop().call_at(self.deadline, self._on_timer)
             self._timer_at = self.deadline
 
+    def _parse_read(self, data: bytes) -> Reply | None:
+        """The reply at the start of `data` when all of it is there (the common case: a
+        small reply in one read), parsed without going through the buffer; else None,
+        with nothing changed."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        status, headers, keep, want = _reply_head(data[:end].decode("latin-1"), self._head_request)
+        start = end + 4
+        if 100 <= status < 200 or want < 0 or len(data) - start != want:
+            return None  # 1xx first, framed otherwise, short, or more than this reply
+        self.keep_alive = keep
+        return Reply(status, Headers(headers), data[start:] if want else b"")
+
     def _parse(self) -> Reply | None:
         buf = self._buf
         while self._head is None:
@@ -204,42 +222,13 @@ class _Conn(asyncio.Protocol):
                 if len(buf) > _MAX_HEAD:
                     raise _ProtocolError("reply head too large")
                 return None
-            lines = buf[:end].decode("latin-1").split("\r\n")
+            text = buf[:end].decode("latin-1")
             del buf[: end + 4]
-            parts = lines[0].split(" ", 2)
-            if (
-                len(parts) < 2
-                or not parts[0].startswith("HTTP/1.")
-                or not (len(parts[1]) == 3 and parts[1].isascii() and parts[1].isdigit())
-            ):
-                raise _ProtocolError(f"bad status line {lines[0][:100]!r}")
-            status = int(parts[1])
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    raise _ProtocolError(f"bad header line {line!r}")
-                headers[name.strip().lower()] = value.strip()
+            status, headers, keep, want = _reply_head(text, self._head_request)
             if 100 <= status < 200:  # 100 Continue and friends: the real reply follows
                 continue
-            conn = headers.get("connection")
-            if parts[0] == "HTTP/1.1":
-                keep = conn is None or conn.lower() != "close"
-            else:
-                keep = conn is not None and conn.lower() == "keep-alive"
             self._head = (status, Headers(headers), keep)
-            te = headers.get("transfer-encoding")
-            if self._head_request or status == 204 or status == 304:
-                self._want = 0
-            elif te is not None and "chunked" in te.lower():
-                self._want = -2
-            elif "content-length" in headers:
-                raw = headers["content-length"]
-                if not (raw.isascii() and raw.isdigit()):
-                    raise _ProtocolError(f"bad Content-Length {raw[:40]!r}")
-                self._want = int(raw)
-            else:
-                self._want = -1
+            self._want = want
         status, hdrs, keep = self._head
         want = self._want
         if want >= 0:
@@ -262,6 +251,45 @@ class _Conn(asyncio.Protocol):
             return None  # until the connection ends
         self.keep_alive = keep and not buf
         return Reply(status, hdrs, body)
+
+
+def _reply_head(text: str, head_request: bool) -> tuple[int, dict[str, str], bool, int]:
+    """A reply head's (status, headers, keep-alive, body bytes expected: -1 until the
+    connection ends, -2 chunked)."""
+    first, _, rest = text.partition("\r\n")
+    parts = first.split(" ", 2)
+    if (
+        len(parts) < 2
+        or not parts[0].startswith("HTTP/1.")
+        or not (len(parts[1]) == 3 and parts[1].isascii() and parts[1].isdigit())
+    ):
+        raise _ProtocolError(f"bad status line {first[:100]!r}")
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    if rest:
+        for line in rest.split("\r\n"):
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise _ProtocolError(f"bad header line {line!r}")
+            headers[name.strip().lower()] = value.strip()
+    conn = headers.get("connection")
+    if parts[0] == "HTTP/1.1":
+        keep = conn is None or conn.lower() != "close"
+    else:
+        keep = conn is not None and conn.lower() == "keep-alive"
+    te = headers.get("transfer-encoding")
+    if head_request or status == 204 or status == 304 or 100 <= status < 200:
+        want = 0
+    elif te is not None and "chunked" in te.lower():
+        want = -2
+    elif "content-length" in headers:
+        raw = headers["content-length"]
+        if not (raw.isascii() and raw.isdigit()):
+            raise _ProtocolError(f"bad Content-Length {raw[:40]!r}")
+        want = int(raw)
+    else:
+        want = -1
+    return status, headers, keep, want
 
 
 class ChunkError(ValueError):
@@ -343,12 +371,16 @@ class Dechunker:
 
 
 class _Host:
-    __slots__ = ("busy", "host", "hostport", "idle", "port", "waiters")
+    __slots__ = ("busy", "host", "host_line", "idle", "port", "starts", "waiters")
 
     def __init__(self, host: str, port: int) -> None:
         self.host = host
         self.port = port
-        self.hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # Host header
+        hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # Host header
+        self.host_line = f" HTTP/1.1\r\nHost: {hostport}\r\n".encode("latin-1")
+        # (method, path) -> b"METHOD target": a client calls the same few paths again and
+        # again (a queue's), so each is checked and quoted once. Bounded.
+        self.starts: dict[tuple[str, str], bytes] = {}
         self.idle: deque[_Conn] = deque()
         self.busy = 0
         self.waiters: deque[asyncio.Future[None]] = deque()
@@ -378,10 +410,11 @@ class HttpPool:
             h = self._hosts[origin] = _Host(host.strip("[]"), int(port))
         return h
 
-    def _idle(self, h: _Host) -> _Conn | None:
+    def _idle(self, h: _Host, now: float | None = None) -> _Conn | None:
         """A kept-alive connection to reuse, taking a slot, or None."""
         if h.idle:
-            now = _monotonic()
+            if now is None:
+                now = _monotonic()
             while h.idle:
                 conn = h.idle.pop()
                 if not conn.closed and now - conn.idle_since < self.idle_s:
@@ -439,17 +472,22 @@ class HttpPool:
             raise RuntimeError("the HTTP pool is closed")
         h = self._hosts.get(origin) or self._host(origin)
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        deadline = _monotonic() + timeout
-        target = path if _PLAIN_PATH.fullmatch(path) else quote(path, safe=_PATH_SAFE)
+        now = _monotonic()
+        deadline = now + timeout
+        start = h.starts.get((method, path))
+        if start is None:
+            start = _request_start(h, method, path)
         if params:
-            target += "?" + urlencode(params)
+            start += b"?" + urlencode(params).encode("latin-1")
         body = data or b""
-        extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()]) if headers else ""
-        if body or method in _BODY_METHODS:
-            extra += f"Content-Length: {len(body)}\r\n"
-        head = f"{method} {target} HTTP/1.1\r\nHost: {h.hostport}\r\n{extra}\r\n"
-        wire = head.encode("latin-1") + body if body else head.encode("latin-1")
-        conn = self._idle(h)
+        fields = (
+            "".join([f"{k}: {v}\r\n" for k, v in headers.items()]).encode("latin-1")
+            if headers
+            else b""
+        )
+        length = b"Content-Length: %d\r\n" % len(body) if body or method in _BODY_METHODS else b""
+        wire = b"".join((start, h.host_line, fields, length, b"\r\n", body))
+        conn = self._idle(h, now)
         if conn is None:
             try:
                 async with asyncio.timeout(timeout):
@@ -480,6 +518,19 @@ class HttpPool:
         for h in self._hosts.values():
             while h.idle:
                 _close(h.idle.pop())
+
+
+_STARTS_MAX = 1024  # remembered request lines per host
+
+
+def _request_start(h: _Host, method: str, path: str) -> bytes:
+    """b"METHOD target" for `path`, quoted unless it is plain already, remembered."""
+    target = path if _PLAIN_PATH.fullmatch(path) else quote(path, safe=_PATH_SAFE)
+    start = f"{method} {target}".encode("latin-1")
+    if len(h.starts) >= _STARTS_MAX:
+        h.starts.clear()
+    h.starts[(method, path)] = start
+    return start
 
 
 def _close(conn: _Conn) -> None:
