@@ -74,21 +74,27 @@ class BadNode:
 
 
 @asynccontextmanager
-async def client_of(node: BadNode) -> AsyncIterator[Client]:
+async def serving(node: BadNode) -> AsyncIterator[int]:
+    """Serves `node` on a loopback port (yielded) until the block ends."""
     server = await asyncio.start_server(node.serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    config = ClusterConfig.from_dict(
-        {"nodes": [{"id": NODE, "host": "127.0.0.1", "port": port}], "replication": 1}
-    )
     try:
-        async with Client(config=config, timeout_s=WAIT_S) as c:
-            yield c
+        yield server.sockets[0].getsockname()[1]
     finally:
         server.close()
         for conn in list(node.conns):
             conn.cancel()
         await asyncio.gather(*node.conns, return_exceptions=True)
         await server.wait_closed()
+
+
+@asynccontextmanager
+async def client_of(node: BadNode) -> AsyncIterator[Client]:
+    async with serving(node) as port:
+        config = ClusterConfig.from_dict(
+            {"nodes": [{"id": NODE, "host": "127.0.0.1", "port": port}], "replication": 1}
+        )
+        async with Client(config=config, timeout_s=WAIT_S) as c:
+            yield c
 
 
 def _frame(count: int, fields: int, columns: bytes = b"") -> bytes:
@@ -255,16 +261,9 @@ async def test_a_stats_or_metadata_reply_that_cannot_be_read_raises_internal_err
 
 async def test_a_cluster_reply_that_cannot_be_read_raises_internal_error() -> None:
     node = BadNode(b'{"nodes": "n1"}', "application/json")
-    server = await asyncio.start_server(node.serve, "127.0.0.1", 0)
-    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    try:
+    async with serving(node) as port:
+        url = f"http://127.0.0.1:{port}"
         with pytest.raises(InternalError, match=rf"^discover: node {url} sent a reply"):
             async with asyncio.timeout(WAIT_S), Client(url, timeout_s=WAIT_S):
                 pass
-    finally:
-        server.close()
-        for conn in list(node.conns):
-            conn.cancel()
-        await asyncio.gather(*node.conns, return_exceptions=True)
-        await server.wait_closed()
     assert [r[0] for r in node.requests] == ["GET /v1/cluster HTTP/1.1"]
