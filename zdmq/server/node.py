@@ -140,7 +140,14 @@ class Node:
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        """Forgets a finished background task, logging what it failed with (a bug: the
+        tasks handle the errors they expect)."""
+        self._background.discard(task)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.error("background task failed", exc_info=e)
 
     async def commit(self, ops: Sequence[Op]) -> None:
         if ops:
