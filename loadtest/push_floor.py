@@ -30,6 +30,7 @@ import os
 import socket
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +39,12 @@ from typing import Any
 import uvloop
 import yaml
 
-from zdmq.bench.workloads import cpu_seconds, percentile
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from http_stack import _content_length
+from profile_push import latency_row
+
+from zdmq.bench.workloads import cpu_seconds
 from zdmq.client import Client
 from zdmq.local import LocalCluster
 from zdmq.models import new_message_id
@@ -115,11 +121,7 @@ class _BareClient(asyncio.Protocol):
         end = self.buf.find(b"\r\n\r\n")
         if end < 0 or self.waiter is None:
             return
-        n = 0
-        for line in bytes(self.buf[:end]).split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                n = int(value)
+        n = _content_length(bytes(self.buf[:end]))
         if len(self.buf) >= end + 4 + n:
             if not self.buf.startswith(b"HTTP/1.1 201 "):
                 raise RuntimeError(f"unexpected reply {bytes(self.buf[:200])!r}")
@@ -165,17 +167,6 @@ async def _zdmq_pushes(config: Path, n: int, create: bool = False) -> list[float
             await c.push("push-floor", BODY)
             lat.append(time.perf_counter() - t)
     return lat
-
-
-def _row(lat: list[float], srv_s: float, cli_s: float) -> dict[str, float]:
-    timed = sorted(lat)
-    return {
-        "rate": len(timed) / sum(timed),
-        "p50_ms": percentile(timed, 0.5) * 1e3,
-        "p99_ms": percentile(timed, 0.99) * 1e3,
-        "srv_us": srv_s / len(timed) * 1e6,
-        "cli_us": cli_s / len(timed) * 1e6,
-    }
 
 
 # kind: (server, client)
@@ -262,7 +253,7 @@ def main() -> int:
                             run = _zdmq_pushes(config, args.n)
                         s0, c0 = cpu_seconds([pid]), time.process_time()
                         lat = uvloop.run(run)
-                        row = _row(lat, cpu_seconds([pid]) - s0, time.process_time() - c0)
+                        row = latency_row(lat, cpu_seconds([pid]) - s0, time.process_time() - c0)
                         rows[kind].append(row)
                         print(f"| {r + 1} | {kind} | {_cells(row)}", flush=True)
         finally:
