@@ -568,6 +568,33 @@ def test_expired_by_retention_removes_old_ready_messages_from_the_head() -> None
     assert state.expired_by_retention("nope", T0 + 150, 100) == []
 
 
+def test_a_retention_check_is_not_repeated_before_the_head_can_expire() -> None:
+    state = NodeState()
+    state.push("jobs", "a", b"", None, now=T0)
+    state.push("jobs", "b", b"", None, now=T0 + 50)
+    assert state.expired_by_retention("jobs", T0 + 10, 100) == []
+    # The head (a) cannot expire before T0 + 100: the queue is not looked at until then.
+    assert state.queues["jobs"].retention_due == T0 + 100
+    assert state.expired_by_retention("jobs", T0 + 99, 100) == []
+    seq_a = _find(state, "a").seq
+    assert state.expired_by_retention("jobs", T0 + 101, 100) == [Remove("jobs", "a", seq_a)]
+    assert state.expired_by_retention("jobs", T0 + 101, 100) == []
+    assert state.queues["jobs"].retention_due == T0 + 150
+
+
+def test_a_message_ready_again_with_an_older_push_time_is_checked_at_the_next_sweep() -> None:
+    state, tokens = NodeState(), _Tokens()
+    state.push("jobs", "a", b"", None, now=T0)
+    state.push("jobs", "b", b"", None, now=T0 + 50)
+    [(_, token)] = _lease(state, tokens, visibility_s=1000)  # a
+    assert state.expired_by_retention("jobs", T0 + 60, 100) == []  # head b: due at T0 + 150
+    assert state.requeue("jobs", "a", token, T0 + 60) is not None  # a: ready behind b
+    assert _lease(state, tokens, now=T0 + 70, visibility_s=1000) == [("b", "t2")]
+    # a (pushed at T0) is the head now and past retention at T0 + 120.
+    seq_a = _find(state, "a").seq
+    assert state.expired_by_retention("jobs", T0 + 120, 100) == [Remove("jobs", "a", seq_a)]
+
+
 # ---- counts, timers and replay ---------------------------------------------------------
 def test_counts_report_ready_in_flight_delayed_and_dead_lettered() -> None:
     state, tokens = _state(ids=("a", "b", "c", "d", "e")), _Tokens()

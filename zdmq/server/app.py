@@ -621,10 +621,13 @@ async def internal_sweep(request: Request) -> Response:
     queues = payload.get("queues") if isinstance(payload, dict) else None
     if not isinstance(queues, dict):
         raise BadRequest("queues: expected an object of queue -> first_uuid")
+    known = payload.get("incarnations", {})
+    if not isinstance(known, dict):
+        raise BadRequest("incarnations: expected an object of queue -> incarnation")
     for q in queues:
         validate_queue_name(q)
         _owner_only(node, q)
-    return _json(await node.sweep(_field(payload, "node"), queues))
+    return _json(await node.sweep(_field(payload, "node"), queues, known))
 
 
 # ---- the application ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from zdmq import _http
@@ -109,6 +109,9 @@ class Node:
         # Settings of the queues this node stores messages of, as their metadata owners
         # reported them (runtime cache: filled by register, sweep and metadata replies).
         self.settings: dict[str, QueueSettings] = {}
+        # The incarnation of each queue whose settings the last repair sweep brought (the
+        # owner leaves those out of the next sweep's reply while the incarnation holds).
+        self._swept: dict[str, str] = {}
         # Long polling, on the metadata owner: a version per queue that moves whenever a
         # node reports it has visible messages, and the event its waiters sleep on.
         self._ready_version: defaultdict[str, int] = defaultdict(int)
@@ -256,20 +259,28 @@ class Node:
             self.state.apply(op)
             await self.commit([op])
 
-    async def sweep(self, node_id: str, queues: dict[str, str]) -> dict[str, Any]:
+    async def sweep(
+        self, node_id: str, queues: dict[str, str], known: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """Registers `node_id` for each queue it holds messages of.
 
-        Returns the queues that no longer exist (`missing`) and the settings of the rest.
+        Returns the queues that no longer exist (`missing`) and the settings of the rest,
+        except those whose incarnation the caller already knows (`known`: queue ->
+        incarnation): a queue's settings never change within an incarnation.
         """
         missing: list[str] = []
         settings: dict[str, Any] = {}
+        incarnations: dict[str, str] = {}
         ops: list[Op] = []
+        known = known or {}
         for queue, first_uuid in queues.items():
             meta = self.state.meta.get(queue)
             if meta is None:
                 missing.append(queue)
                 continue
-            settings[queue] = meta.settings.to_wire()
+            if known.get(queue) != meta.incarnation:
+                settings[queue] = meta.settings.to_wire()
+                incarnations[queue] = meta.incarnation
             if node_id not in meta.nodes:
                 op = Register(queue, node_id, first_uuid)
                 self.state.apply(op)
@@ -278,7 +289,7 @@ class Node:
             log.info("repair sweep re-registered %s for %d queue(s)", node_id, len(ops))
             self.counters["repair_registrations"] += len(ops)
         await self.commit(ops)
-        return {"missing": missing, "settings": settings}
+        return {"missing": missing, "settings": settings, "incarnations": incarnations}
 
     # ---- long polling (metadata owner side) ------------------------------------------
     def node_ready(self, queue: str, node_id: str) -> None:
@@ -860,29 +871,39 @@ class Node:
         Returns how many owners could not be reached (the sweep tries again later).
         """
         by_owner: defaultdict[str, dict[str, str]] = defaultdict(dict)
+        # The incarnations whose settings this node holds: the owner leaves them out.
+        known: defaultdict[str, dict[str, str]] = defaultdict(dict)
+        swept, self._swept = self._swept, {}
         for queue in self.state.queues:
             first = self.state.some_id(queue)
             if first is not None:
-                by_owner[self.meta_owner(queue)][queue] = first
+                owner = self.meta_owner(queue)
+                by_owner[owner][queue] = first
+                incarnation = swept.get(queue)
+                if incarnation is not None and queue in self.settings:
+                    known[owner][queue] = self._swept[queue] = incarnation
         failures = 0
         for owner, queues in by_owner.items():
             try:
                 if owner == self.id:
-                    result = await self.sweep(self.id, queues)
+                    result = await self.sweep(self.id, queues, known[owner])
                 else:
                     reply = await self.peer_call(
                         owner,
                         "POST",
                         "/v1/internal/sweep",
-                        json={"node": self.id, "queues": queues},
+                        json={"node": self.id, "queues": queues, "incarnations": known[owner]},
                     )
                     result = reply.json()
             except ZdmqError as e:
                 failures += 1
                 log.debug("repair sweep: %s unreachable: %s", owner, e)
                 continue
+            incarnations = result.get("incarnations", {})
             for queue, settings in result.get("settings", {}).items():
                 self.settings[queue] = QueueSettings(**settings)
+                if queue in incarnations:
+                    self._swept[queue] = str(incarnations[queue])
             for queue in result["missing"]:
                 # Deleted while this node was away: its messages go with it.
                 n = await self.purge_local(queue)

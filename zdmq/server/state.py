@@ -363,6 +363,7 @@ class LocalQueue:
         "origins",
         "ready",
         "registered",
+        "retention_due",
     )
 
     def __init__(self) -> None:
@@ -378,6 +379,9 @@ class LocalQueue:
         # a restart every non-empty queue registers again.
         self.registered = False
         self.incarnation: str | None = None
+        # The earliest time a ready message of this queue can be past retention, as far
+        # as the last retention check knows (0: check at the next sweep).
+        self.retention_due = 0.0
 
     def holds(self) -> int:
         """Every message of the queue on this node, visible or not."""
@@ -594,6 +598,7 @@ class NodeState:
         del self.hot[mid]
         lq.delayed.discard(mid)
         lq.ready.append(m.seq, m.enqueued_at)
+        lq.retention_due = 0.0  # an older message may now be ready
         if m.origin is not None:
             lq.origins[m.seq] = m.origin
         self.ready_ids[id_key(mid)] = m.queue
@@ -1016,16 +1021,24 @@ class NodeState:
     def expired_by_retention(
         self, queue: str, now: float, retention_s: float, limit: int = 10_000
     ) -> list[Remove]:
-        """Removes ready messages at the head of the UUID queue older than `retention_s`."""
+        """Removes ready messages at the head of the UUID queue older than `retention_s`.
+
+        A queue is looked at again only once its head can have expired: the check records
+        when that is (`LocalQueue.retention_due`), so a sweep over many queues whose heads
+        are young costs a comparison each. A message that becomes ready again with an older
+        `enqueued_at` (a requeue, a delay's end) resets that time.
+        """
         lq = self.queues.get(queue)
         ops: list[Remove] = []
-        if lq is None:
+        if lq is None or now < lq.retention_due:
             return ops
         oldest, ready = now - retention_s, lq.ready
         n = 0
         while n < len(ready) and n < limit and ready.at(n)[1] < oldest:
             n += 1
         if n == 0:
+            # Pushes arrive in time order, so nothing here expires before the head does.
+            lq.retention_due = (ready.at(0)[1] if ready else now) + retention_s
             return ops
         seqs = [ready.at(i)[0] for i in range(n)]
         rows = self._rows(seqs)

@@ -1,0 +1,55 @@
+"""The repair sweep's endpoint on the metadata owner: it re-registers the caller, names
+the queues that are gone, and returns settings only for incarnations the caller lacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.node.conftest import NodeHttp, expect_error
+
+FIRST = "00000000-0000-4000-8000-000000000000"
+
+
+async def _sweep(http: NodeHttp, body: dict[str, Any]) -> dict[str, Any]:
+    r = await http.post("/v1/internal/sweep", json=body, headers={"zdmq-forwarded": "test"})
+    assert r.status == 200, await r.text()
+    reply: dict[str, Any] = await r.json()
+    return reply
+
+
+async def test_the_sweep_leaves_out_the_settings_of_an_incarnation_the_caller_knows(
+    http: NodeHttp,
+) -> None:
+    assert (await http.put("/v1/queues/jobs", json={"visibility_timeout_s": 7})).status == 201
+    first = await _sweep(http, {"node": "n9", "queues": {"jobs": FIRST, "gone": FIRST}})
+    assert first["missing"] == ["gone"]
+    assert first["settings"]["jobs"]["visibility_timeout_s"] == 7
+    incarnation = first["incarnations"]["jobs"]
+    assert isinstance(incarnation, str) and incarnation
+    # The caller is listed now.
+    listed = (await (await http.get("/v1/queues/jobs/metadata")).json())["nodes"]
+    assert [entry["node"] for entry in listed] == ["n9"]
+
+    again = await _sweep(
+        http, {"node": "n9", "queues": {"jobs": FIRST}, "incarnations": {"jobs": incarnation}}
+    )
+    assert again == {"missing": [], "settings": {}, "incarnations": {}}
+
+    # A queue deleted and created again is a new incarnation: its settings come back.
+    assert (await http.delete("/v1/queues/jobs")).status == 204
+    assert (await http.put("/v1/queues/jobs", json={"visibility_timeout_s": 9})).status == 201
+    renewed = await _sweep(
+        http, {"node": "n9", "queues": {"jobs": FIRST}, "incarnations": {"jobs": incarnation}}
+    )
+    assert renewed["settings"]["jobs"]["visibility_timeout_s"] == 9
+    assert renewed["incarnations"]["jobs"] != incarnation
+
+
+async def test_a_sweep_with_malformed_incarnations_is_refused(http: NodeHttp) -> None:
+    assert (await http.put("/v1/queues/jobs")).status == 201
+    r = await http.post(
+        "/v1/internal/sweep",
+        json={"node": "n9", "queues": {"jobs": FIRST}, "incarnations": ["jobs"]},
+        headers={"zdmq-forwarded": "test"},
+    )
+    await expect_error(r, 400, "bad_request")
