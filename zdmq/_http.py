@@ -39,6 +39,7 @@ __all__ = [
     "call",
     "dumps",
     "loads",
+    "take",
 ]
 
 dumps = orjson.dumps
@@ -47,6 +48,9 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 _MAX_HEAD = 64 * 1024
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# A request body at least this long is written after its head rather than copied into
+# one buffer with it: a second write costs less than copying a large body.
+_JOIN_MAX_BYTES = 64 * 1024
 # What `quote(path, safe=_PATH_SAFE)` leaves as it is: such a path goes on the wire unquoted.
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/%:@!$&'()*+,;=\-._~]*")
@@ -114,6 +118,11 @@ class _Conn(asyncio.Protocol):
         self._head: tuple[int, Headers, bool] | None = None  # status, headers, keep-alive
         self._want = -1  # body bytes still expected; -1: until close; -2: chunked
         self._chunks: Dechunker | None = None
+        # A Content-Length body longer than the bytes at hand: its pieces as they came,
+        # joined once when the last arrives (`_body_part`), so a large reply is copied
+        # once on its way from the socket reads to the caller. None: not collecting.
+        self._parts: list[bytes | memoryview | bytearray] | None = None
+        self._got = 0  # bytes in `_parts`
         self._head_request = False
         self.keep_alive = True
         self.deadline = 0.0  # time.monotonic() by which the current call must be answered
@@ -135,9 +144,13 @@ class _Conn(asyncio.Protocol):
             self._fail(ConnectionResetError("unexpected bytes on an idle connection"))
             return
         try:
-            if self._buf or self._head is not None or (reply := self._parse_read(data)) is None:
+            if self._parts is not None:
+                reply = self._body_part(data)
+            elif self._buf or self._head is not None:
                 self._buf += data
                 reply = self._parse()
+            else:
+                reply = self._parse_read(data)
         except _ProtocolError as e:
             self._fail(ConnectionResetError(f"bad reply: {e}"))
             return
@@ -169,14 +182,17 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
 
     # -- one exchange
-    def send(self, data: bytes, head_request: bool, deadline: float) -> asyncio.Future[Reply]:
-        """Writes a request; the future resolves to its reply, or fails with
-        TimeoutError once `deadline` (time.monotonic()) passes."""
+    def send(
+        self, data: bytes, head_request: bool, deadline: float, body: bytes = b""
+    ) -> asyncio.Future[Reply]:
+        """Writes a request (`data`, then `body` if any); the future resolves to its
+        reply, or fails with TimeoutError once `deadline` (time.monotonic()) passes."""
         assert self.transport is not None and self._loop is not None
         loop = self._loop
         self._waiter = waiter = loop.create_future()
         self._head = None
         self._chunks = None
+        self._parts = None
         self._head_request = head_request
         self.deadline = deadline
         if self._timer is None or deadline < self._timer_at:
@@ -185,6 +201,8 @@ class _Conn(asyncio.Protocol):
             self._timer = loop.call_at(deadline, self._on_timer)
             self._timer_at = deadline
         self.transport.write(data)
+        if body:
+            self.transport.write(body)
         return waiter
 
     def _on_timer(self) -> None:
@@ -201,18 +219,28 @@ class _Conn(asyncio.Protocol):
             self._timer_at = self.deadline
 
     def _parse_read(self, data: bytes) -> Reply | None:
-        """The reply at the start of `data` when all of it is there (the common case: a
-        small reply in one read), parsed without going through the buffer; else None,
-        with nothing changed."""
+        """The reply at the start of `data` (a read, with nothing buffered): taken from
+        `data` itself when all of it is there (the common case: a small reply in one
+        read), or the start of its body collected when it is framed by Content-Length;
+        else buffered and parsed from the buffer."""
         end = data.find(b"\r\n\r\n")
-        if end < 0:
-            return None
-        status, headers, keep, want = _reply_head(data[:end].decode("latin-1"), self._head_request)
-        start = end + 4
-        if 100 <= status < 200 or want < 0 or len(data) - start != want:
-            return None  # 1xx first, framed otherwise, short, or more than this reply
-        self.keep_alive = keep
-        return Reply(status, Headers(headers), data[start:] if want else b"")
+        if end >= 0:
+            status, headers, keep, want = _reply_head(
+                data[:end].decode("latin-1"), self._head_request
+            )
+            start = end + 4
+            have = len(data) - start
+            # Not: 1xx first, framed otherwise, or more than this reply.
+            if not (100 <= status < 200 or want < 0 or have > want):
+                if have == want:
+                    self.keep_alive = keep
+                    return Reply(status, Headers(headers), data[start:] if want else b"")
+                self._head = (status, Headers(headers), keep)
+                self._want = want
+                self._collect(memoryview(data)[start:] if have else None)
+                return None
+        self._buf += data
+        return self._parse()
 
     def _parse(self) -> Reply | None:
         buf = self._buf
@@ -233,9 +261,10 @@ class _Conn(asyncio.Protocol):
         want = self._want
         if want >= 0:
             if len(buf) < want:
+                self._buf = bytearray()
+                self._collect(buf or None)
                 return None
-            body = bytes(buf[:want])
-            del buf[:want]
+            body = take(buf, want)
         elif want == -2:
             if self._chunks is None:
                 self._chunks = Dechunker(None)
@@ -251,6 +280,30 @@ class _Conn(asyncio.Protocol):
             return None  # until the connection ends
         self.keep_alive = keep and not buf
         return Reply(status, hdrs, body)
+
+    def _collect(self, first: bytes | memoryview | bytearray | None) -> None:
+        """Starts collecting a body whose first bytes (if any) are `first`."""
+        self._parts = [first] if first else []
+        self._got = len(first) if first else 0
+
+    def _body_part(self, data: bytes) -> Reply | None:
+        """The next read of a body being collected: kept as it came; once the body is
+        whole, joined (the one copy) into the reply."""
+        parts = self._parts
+        assert parts is not None and self._head is not None
+        parts.append(data)
+        self._got += len(data)
+        over = self._got - self._want
+        if over < 0:
+            return None
+        if over:  # bytes beyond the reply: kept, and the connection not reused
+            view = memoryview(data)
+            parts[-1] = view[: len(data) - over]
+            self._buf += view[len(data) - over :]
+        self._parts = None
+        status, hdrs, keep = self._head
+        self.keep_alive = keep and not over
+        return Reply(status, hdrs, b"".join(parts))
 
 
 def _reply_head(text: str, head_request: bool) -> tuple[int, dict[str, str], bool, int]:
@@ -331,12 +384,13 @@ class Dechunker:
                     return bytes(self.out)
                 continue
             if self.left:
-                take = min(self.left, len(buf))
-                if not take:
+                n = min(self.left, len(buf))
+                if not n:
                     return None
-                self.out += buf[:take]
-                del buf[:take]
-                self.left -= take
+                with memoryview(buf) as view:
+                    self.out += view[:n]
+                del buf[:n]
+                self.left -= n
                 if self.left:
                     return None
                 self.crlf = True
@@ -368,6 +422,21 @@ class Dechunker:
     def _bound_line(buf: bytearray) -> None:
         if len(buf) > 1024:
             raise ChunkError("chunk size or trailer line too long")
+
+
+def take(buf: bytearray, n: int) -> bytes:
+    """The first `n` bytes of `buf` as bytes, removed from it: copied once (where
+    `bytes(buf[:n])` copies twice)."""
+    if not n:
+        return b""
+    if n == len(buf):
+        out = bytes(buf)
+        buf.clear()
+    else:
+        with memoryview(buf) as view:
+            out = bytes(view[:n])
+        del buf[:n]
+    return out
 
 
 class _Host:
@@ -486,7 +555,13 @@ class HttpPool:
             else b""
         )
         length = b"Content-Length: %d\r\n" % len(body) if body or method in _BODY_METHODS else b""
-        wire = b"".join((start, h.host_line, fields, length, b"\r\n", body))
+        if len(body) < _JOIN_MAX_BYTES:
+            wire = b"".join((start, h.host_line, fields, length, b"\r\n", body))
+            tail = b""
+        else:
+            # Not `writelines`: asyncio's (before 3.12) joins its buffers into one.
+            wire = b"".join((start, h.host_line, fields, length, b"\r\n"))
+            tail = body
         conn = self._idle(h, now)
         if conn is None:
             try:
@@ -500,7 +575,7 @@ class HttpPool:
                 raise
         ok = False
         try:
-            reply = await conn.send(wire, method == "HEAD", deadline)
+            reply = await conn.send(wire, method == "HEAD", deadline, tail)
             ok = True
             return reply
         finally:

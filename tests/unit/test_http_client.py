@@ -9,6 +9,8 @@ server's side. Every wait is bounded; nothing waits on a fixed sleep.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 import socket
 import sys
 import time
@@ -299,6 +301,109 @@ async def test_bytes_sent_on_an_idle_connection_are_not_taken_as_the_next_reply(
         except NodeUnavailable:
             body = b"<failed, which is also fine>"
         assert body != b"stale"
+
+
+# ---- large replies and requests --------------------------------------------------------
+LARGE = 1 << 20  # a 1 MiB body, as large messages are
+
+
+def random_pieces(data: bytes, rng: random.Random, most: int = 96 * 1024) -> list[bytes]:
+    """`data` cut into pieces of random sizes: tiny, small and large."""
+    pieces = []
+    i = 0
+    while i < len(data):
+        n = rng.randint(1, rng.choice((16, 4096, most)))
+        pieces.append(data[i : i + n])
+        i += n
+    return pieces
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_large_reply_in_random_reads_is_read_whole_and_its_connection_reused(
+    pool: HttpPool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    bodies = [rng.randbytes(LARGE), rng.randbytes(LARGE - 1)]
+    wires = iter([random_pieces(ok(b), rng) for b in bodies] + [[ok(b"small")]])
+
+    async def script(req: Received, writer: asyncio.StreamWriter) -> bool:
+        return await replying(*next(wires))(req, writer)
+
+    async with Peer(script) as peer:
+        for b in bodies:
+            reply = await call(pool, "GET", peer.url + "/big")
+            assert type(reply.body) is bytes
+            assert reply.body == b
+        assert await get(pool, peer.url) == b"small"  # framed right after the large ones
+    assert peer.accepted == 1
+
+
+@pytest.mark.parametrize(
+    "cut",
+    ["in-head", "at-head-end", "after-head-end", "before-body-end", "many"],
+)
+async def test_a_large_reply_split_at_each_boundary_is_read_whole(pool: HttpPool, cut: str) -> None:
+    body = random.Random(cut).randbytes(LARGE)
+    wire = ok(body)
+    head = len(wire) - len(body)
+    cuts = {
+        "in-head": (head - 1,),
+        "at-head-end": (head,),
+        "after-head-end": (head + 1,),
+        "before-body-end": (len(wire) - 1,),
+        "many": (5, head - 2, head + 3, head + 500_000, len(wire) - 2),
+    }[cut]
+    bounds = (0, *cuts, len(wire))
+    pieces = [wire[a:b] for a, b in itertools.pairwise(bounds)]
+    async with Peer(replying(*pieces)) as peer:
+        assert await get(pool, peer.url) == body
+        assert await get(pool, peer.url) == body
+    assert peer.accepted == 1
+
+
+async def test_a_large_reply_whose_last_read_carries_extra_bytes_leaves_its_connection_unused(
+    pool: HttpPool,
+) -> None:
+    body = random.Random(4).randbytes(LARGE)
+    wire = ok(body)
+    # The body's end and the start of a second, unasked reply in one read.
+    async with Peer(replying(wire[:300_000], wire[300_000:] + ok(b"surplus"))) as peer:
+        assert await get(pool, peer.url) == body
+        assert await get(pool, peer.url) == body
+    assert peer.accepted == 2
+
+
+async def test_a_large_chunked_reply_in_random_reads_is_decoded(pool: HttpPool) -> None:
+    rng = random.Random(6)
+    body = rng.randbytes(LARGE)
+    chunks = []
+    i = 0
+    while i < len(body):
+        piece = body[i : i + rng.randint(1, 200_000)]
+        chunks.append(b"%x\r\n%b\r\n" % (len(piece), piece))
+        i += len(piece)
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(chunks)
+    wire += b"0\r\n\r\n"
+    async with Peer(replying(*random_pieces(wire, rng))) as peer:
+        assert await get(pool, peer.url) == body
+        assert await get(pool, peer.url) == body
+    assert peer.accepted == 1
+
+
+async def test_a_large_request_body_reaches_the_server_whole(pool: HttpPool) -> None:
+    body = random.Random(8).randbytes(LARGE)
+    async with Peer(replying(ok())) as peer:
+        await call(pool, "POST", peer.url + "/big", data=body, headers={"X-A": "b"})
+        await call(pool, "POST", peer.url + "/small", data=b"after")
+    big, small = peer.requests
+    assert (big.target, big.headers["content-length"], big.headers["x-a"]) == (
+        "/big",
+        str(LARGE),
+        "b",
+    )
+    assert big.body == body
+    assert small.body == b"after"
+    assert peer.accepted == 1
 
 
 # ---- reuse and the per-host limit ------------------------------------------------------

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import itertools
 import logging
+import random
 import shutil
 import socket
 import sys
@@ -72,7 +74,9 @@ def make_app(seen: Seen, *, max_body: int = MAX_BODY) -> App:
     app = App(max_body=max_body)
 
     async def echo(req: Request) -> Response:
-        return _reply(req, req.body)
+        resp = _reply(req, req.body)
+        resp.headers["X-Body-Type"] = type(req.body).__name__  # handlers get bytes
+        return resp
 
     async def hello(req: Request) -> Response:
         return _reply(req, b"hi")
@@ -167,7 +171,7 @@ class Served:
 
 
 @asynccontextmanager
-async def serving(**serve_kw: float) -> AsyncIterator[Served]:
+async def serving(*, max_body: int = MAX_BODY, **serve_kw: float) -> AsyncIterator[Served]:
     """The app served on a kernel-picked loopback port, until the block ends."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -177,7 +181,8 @@ async def serving(**serve_kw: float) -> AsyncIterator[Served]:
     seen = Seen()
     stop = asyncio.Event()
     up = asyncio.Event()
-    task = asyncio.create_task(serve_app(make_app(seen), sock, stop, ready=up.set, **serve_kw))
+    app = make_app(seen, max_body=max_body)
+    task = asyncio.create_task(serve_app(app, sock, stop, ready=up.set, **serve_kw))
     waiter = asyncio.create_task(up.wait())
     await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
     if task.done():
@@ -384,6 +389,168 @@ async def test_a_half_close_counts_as_a_hang_up(served: Served) -> None:
         await served.seen.done.wait()
     assert served.seen.finished == ["sleep"]
     await assert_closed(reader)
+
+
+# ---- large bodies ----------------------------------------------------------------------
+LARGE = 1 << 20  # a 1 MiB body, as large messages are
+
+
+async def write_pieces(writer: asyncio.StreamWriter, pieces: Iterable[bytes]) -> None:
+    """Writes each piece on its own, letting the loop turn in between, so the server
+    reads the data in (about) these pieces."""
+    for piece in pieces:
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+
+def random_pieces(data: bytes, rng: random.Random, most: int) -> list[bytes]:
+    pieces = []
+    i = 0
+    while i < len(data):
+        n = rng.randint(1, rng.choice((16, 4096, most)))  # tiny, small and large reads
+        pieces.append(data[i : i + n])
+        i += n
+    return pieces
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_large_body_in_random_reads_arrives_whole_and_the_next_request_after_it(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    body = rng.randbytes(LARGE)
+    wire = request("POST", "/echo?n=1", body) + request("POST", "/echo?n=2", b"next")
+    async with serving(max_body=LARGE) as s:
+        reader, writer = await connect(s)
+        # Sizes from one byte up, so every boundary (in the head, at its end, across the
+        # body's end into the next head) falls inside some read or between two.
+        sender = asyncio.create_task(write_pieces(writer, random_pieces(wire, rng, 96 * 1024)))
+        first = await read_reply(reader)
+        assert first.status == 200
+        assert first.body == body
+        assert first.headers["x-query"] == "n=1"
+        assert first.headers["x-body-type"] == "bytes"
+        second = await read_reply(reader)
+        assert (second.body, second.headers["x-query"]) == (b"next", "n=2")
+        await sender
+        writer.close()
+
+
+def _cuts(head_len: int, body_len: int) -> list[tuple[int, ...]]:
+    """Places to split a request + the next one: around the head's end and the body's."""
+    end = head_len + body_len
+    return [
+        (head_len - 1,),
+        (head_len,),
+        (head_len + 1,),
+        (end - 1,),
+        (end,),
+        (end + 1,),
+        (head_len, end - 1),
+        (head_len - 2, head_len + 1, end - 3, end + 2),
+        (10, head_len + 1000, head_len + 500_000, end - 1),
+    ]
+
+
+@pytest.mark.parametrize("which", range(9))
+async def test_a_large_body_split_at_each_boundary_then_a_pipelined_request(which: int) -> None:
+    body = random.Random(which).randbytes(LARGE)
+    first = request("POST", "/echo", body)
+    head_len = len(first) - len(body)
+    wire = first + request("POST", "/echo", b"after")
+    cuts = (0, *_cuts(head_len, len(body))[which], len(wire))
+    async with serving(max_body=LARGE) as s:
+        reader, writer = await connect(s)
+        pieces = [wire[a:b] for a, b in itertools.pairwise(cuts)]
+        sender = asyncio.create_task(write_pieces(writer, pieces))
+        reply = await read_reply(reader)
+        assert (reply.status, len(reply.body)) == (200, len(body))
+        assert reply.body == body
+        assert (await read_reply(reader)).body == b"after"
+        await sender
+        writer.close()
+
+
+async def test_a_body_ending_in_the_read_that_carries_the_next_heads() -> None:
+    # The body's last bytes, a whole small request and the start of a large one arrive
+    # together; the large one then completes in later reads.
+    big = random.Random(7).randbytes(LARGE)
+    second = random.Random(8).randbytes(LARGE - 1)
+    one = request("POST", "/echo?n=1", big)
+    two = request("POST", "/echo?n=2", b"small")
+    three = request("POST", "/echo?n=3", second)
+    async with serving(max_body=LARGE) as s:
+        reader, writer = await connect(s)
+        cut = len(one) - 5
+        pieces = [one[:cut], one[cut:] + two + three[:1000], three[1000:]]
+        sender = asyncio.create_task(write_pieces(writer, pieces))
+        assert (await read_reply(reader)).body == big
+        assert (await read_reply(reader)).body == b"small"
+        assert (await read_reply(reader)).body == second
+        await sender
+        writer.close()
+
+
+async def test_large_bodies_behind_a_slow_request_are_answered_in_order() -> None:
+    # Pipelined while a handler runs: the bodies wait in the buffer, not in reads.
+    bodies = [bytes([65 + i]) * (LARGE // 2 + i) for i in range(3)]
+    data = request("GET", "/sleep?ms=30") + b"".join(request("POST", "/echo", b) for b in bodies)
+    async with serving(max_body=LARGE) as s:
+        reader, writer = await connect(s)
+        writer.write(data)
+        assert (await read_reply(reader)).body == b"slept"
+        for b in bodies:
+            assert (await read_reply(reader)).body == b
+        writer.close()
+
+
+async def test_a_large_chunked_body_in_random_reads_is_decoded() -> None:
+    rng = random.Random(5)
+    body = rng.randbytes(LARGE - 100)
+    chunked = b""
+    i = 0
+    while i < len(body):
+        n = rng.randint(1, 200_000)
+        chunked += b"%x\r\n" % len(body[i : i + n]) + body[i : i + n] + b"\r\n"
+        i += n
+    head = request("POST", "/echo", headers=[("Transfer-Encoding", "chunked")])
+    wire = head + chunked + b"0\r\n\r\n" + request("GET", "/hello")
+    async with serving(max_body=LARGE) as s:
+        reader, writer = await connect(s)
+        sender = asyncio.create_task(write_pieces(writer, random_pieces(wire, rng, 64 * 1024)))
+        reply = await read_reply(reader)
+        assert reply.body == body
+        assert reply.headers["x-body-type"] == "bytes"
+        assert (await read_reply(reader)).body == b"hi"
+        await sender
+        writer.close()
+
+
+async def test_a_large_body_after_100_continue_arrives_whole() -> None:
+    body = random.Random(9).randbytes(LARGE)
+    head = request("POST", "/echo", headers=[("Expect", "100-continue")])[:-2]
+    head += b"Content-Length: %d\r\n\r\n" % len(body)
+    async with serving(max_body=LARGE) as s:
+        reader, writer = await connect(s)
+        writer.write(head)
+        async with asyncio.timeout(WAIT_S):
+            interim = await reader.readuntil(b"\r\n\r\n")
+        assert interim.startswith(b"HTTP/1.1 100 ")
+        sender = asyncio.create_task(write_pieces(writer, [body[:300_000], body[300_000:]]))
+        assert (await read_reply(reader)).body == body
+        await sender
+        writer.close()
+
+
+async def test_a_body_one_byte_over_the_limit_is_refused_before_it_is_read() -> None:
+    async with serving(max_body=LARGE) as s:
+        reader, writer = await connect(s)
+        writer.write(request("POST", "/echo", b"x" * (LARGE + 1))[:2000])
+        reply = await read_reply(reader)
+        assert reply.status == 413
+        await assert_closed(reader)
 
 
 # ---- connection close ------------------------------------------------------------------

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl, unquote
 
 import orjson
 
-from zdmq._http import ChunkError, Dechunker, Headers
+from zdmq._http import ChunkError, Dechunker, Headers, take
 from zdmq.errors import (
     BadRequest,
     InternalError,
@@ -233,10 +233,15 @@ class _HttpProtocol(asyncio.Protocol):
         self.paused = False
         self.last_active = _monotonic()
         self.task: asyncio.Task[None] | None = None
-        # The request being read: (method, target, version, headers, keep_alive).
-        self.head: tuple[str, str, str, dict[str, str], bool] | None = None
+        # The request being read: (method, path, query, version, headers, keep_alive).
+        self.head: tuple[str, str, str, str, dict[str, str], bool] | None = None
         self.want = 0  # body bytes expected (Content-Length), or -2: chunked
         self.chunks: Dechunker | None = None
+        # A Content-Length body longer than the bytes at hand: its pieces as they came,
+        # joined once when the last arrives (`_body_part`), so a large body is copied
+        # once on its way from the socket reads to the handler. None: not collecting.
+        self.parts: list[bytes | memoryview | bytearray] | None = None
+        self.got = 0  # bytes in `parts`
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -255,32 +260,63 @@ class _HttpProtocol(asyncio.Protocol):
         return None
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
         self.last_active = _monotonic()
-        if not self.busy:
+        if self.parts is not None:
+            self._body_part(data)
+        elif self.busy:
+            self.buf += data
+            if len(self.buf) > self.app.max_body + _MAX_HEAD and self.transport is not None:
+                # Pipelined requests beyond one full body wait in the kernel, not here.
+                self.transport.pause_reading()
+                self.paused = True
+        elif self.buf or self.head is not None:
+            self.buf += data
             self._next()
-        elif len(self.buf) > self.app.max_body + _MAX_HEAD and self.transport is not None:
-            # Pipelined requests beyond one full body wait in the kernel, not here.
-            self.transport.pause_reading()
-            self.paused = True
+        else:
+            self._next(data)  # the common case: a read that starts a request
 
     # ---- parsing
-    def _next(self) -> None:
-        """Parses and starts the next complete request in the buffer, if any."""
+    def _next(self, data: bytes | None = None) -> None:
+        """Parses and starts the next complete request: the one `data` (a read, with
+        nothing buffered) starts, else the next in the buffer."""
         while not self.busy and not self.closing:
             try:
-                parsed = self._parse()
+                if data is None:
+                    body = self._parse()
+                else:
+                    body = self._parse_read(data)
+                    data = None
             except _Refuse as r:
                 self._refuse(r.err, r.status)
                 return
-            if parsed is None:
+            if body is None:
                 return
-            self.busy = True
-            self.task = asyncio.get_running_loop().create_task(self._run(*parsed))
+            self._start(body)
 
-    def _parse(self) -> tuple[Request, bool, bool] | None:
-        """The next whole request in the buffer as (request, keep_alive, http10), or None
-        until more bytes arrive; `_Refuse` for one that must be refused."""
+    def _parse_read(self, data: bytes) -> bytes | None:
+        """`_parse` for a request at the start of a read, nothing buffered: the head and
+        the body are taken from `data` itself, without going through the buffer."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end > _MAX_HEAD:
+            self.buf += data
+            return self._parse()
+        start = end + 4
+        self._head(data[:end].decode("latin-1"), more=len(data) > start)
+        want = self.want
+        if want < 0:  # chunked: decoded from the buffer
+            self.buf += memoryview(data)[start:]
+            return self._parse()
+        stop = start + want
+        if len(data) < stop:
+            self._collect(memoryview(data)[start:] if len(data) > start else None)
+            return None
+        if len(data) > stop:  # pipelined requests behind this one
+            self.buf += memoryview(data)[stop:]
+        return data[start:stop] if want else b""
+
+    def _parse(self) -> bytes | None:
+        """The body of the next whole request in the buffer (its head in `self.head`),
+        or None until more bytes arrive; `_Refuse` for one that must be refused."""
         buf = self.buf
         if self.head is None:
             end = buf.find(b"\r\n\r\n")
@@ -292,82 +328,111 @@ class _HttpProtocol(asyncio.Protocol):
                 return None
             text = buf[:end].decode("latin-1")
             del buf[: end + 4]
-            lines = text.lstrip("\r\n").split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-                raise _Refuse(BadRequest(f"bad request line {lines[0][:100]!r}"))
-            method, target, version = parts
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep or not name or name != name.strip():
-                    raise _Refuse(BadRequest(f"bad header line {line[:100]!r}"))
-                key = name.lower()
-                value = value.strip()
-                if key == "content-length" and key in headers and headers[key] != value:
-                    raise _Refuse(BadRequest("conflicting Content-Length headers"))
-                headers[key] = value
-            conn = headers.get("connection")
-            if version == "HTTP/1.1":
-                keep = conn is None or conn.lower() != "close"
-            else:
-                keep = conn is not None and conn.lower() == "keep-alive"
-            te = headers.get("transfer-encoding")
-            if te is not None and "chunked" in te.lower():
-                self.want = -2
-            else:
-                raw = headers.get("content-length", "0")
-                if not (raw.isascii() and raw.isdigit()):
-                    raise _Refuse(BadRequest(f"bad Content-Length {raw[:40]!r}"))
-                self.want = int(raw)
-                if self.want > self.app.max_body:
-                    raise _Refuse(
-                        MessageTooLarge(
-                            f"request body of {self.want} bytes is over the "
-                            f"{self.app.max_body}-byte limit"
-                        ),
-                        413,
-                    )
-            self.head = (method, target, version, headers, keep)
-            expect = headers.get("expect")
-            if (
-                expect is not None
-                and expect.lower() == "100-continue"
-                and self.want != 0
-                and not buf
-                and self.transport is not None
-            ):
-                self.transport.write(_CONTINUE)
-        method, target, version, headers, keep = self.head
+            self._head(text, more=bool(buf))
         want = self.want
         if want >= 0:
             if len(buf) < want:
+                self.buf = bytearray()
+                self._collect(buf or None)
                 return None
-            if want:
-                body = bytes(buf[:want])
-                del buf[:want]
-            else:
-                body = b""
-        else:
-            if self.chunks is None:
-                self.chunks = Dechunker(self.app.max_body)
-            try:
-                got = self.chunks.feed(buf)
-            except ChunkError as e:
-                err = MessageTooLarge(str(e)) if e.status == 413 else BadRequest(str(e))
-                raise _Refuse(err, e.status) from None
-            if got is None:
-                return None
+            return take(buf, want)
+        if self.chunks is None:
+            self.chunks = Dechunker(self.app.max_body)
+        try:
+            got = self.chunks.feed(buf)
+        except ChunkError as e:
+            err = MessageTooLarge(str(e)) if e.status == 413 else BadRequest(str(e))
+            raise _Refuse(err, e.status) from None
+        if got is not None:
             self.chunks = None
-            body = got
-        self.head = None
+        return got
+
+    def _head(self, text: str, *, more: bool) -> None:
+        """Parses a request head (`more`: body bytes came with it) into `self.head` and
+        `self.want`; `_Refuse` for one that must be refused."""
+        lines = text.lstrip("\r\n").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            raise _Refuse(BadRequest(f"bad request line {lines[0][:100]!r}"))
+        method, target, version = parts
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise _Refuse(BadRequest(f"bad header line {line[:100]!r}"))
+            key = name.lower()
+            value = value.strip()
+            if key == "content-length" and key in headers and headers[key] != value:
+                raise _Refuse(BadRequest("conflicting Content-Length headers"))
+            headers[key] = value
+        conn = headers.get("connection")
+        if version == "HTTP/1.1":
+            keep = conn is None or conn.lower() != "close"
+        else:
+            keep = conn is not None and conn.lower() == "keep-alive"
+        te = headers.get("transfer-encoding")
+        if te is not None and "chunked" in te.lower():
+            want = -2
+        else:
+            raw = headers.get("content-length", "0")
+            if not (raw.isascii() and raw.isdigit()):
+                raise _Refuse(BadRequest(f"bad Content-Length {raw[:40]!r}"))
+            want = int(raw)
+            if want > self.app.max_body:
+                raise _Refuse(
+                    MessageTooLarge(
+                        f"request body of {want} bytes is over the {self.app.max_body}-byte limit"
+                    ),
+                    413,
+                )
         path, _, query = target.partition("?")
         if not path.startswith("/"):
             raise _Refuse(BadRequest(f"bad request target {target[:100]!r}"))
-        assert self.transport is not None
+        self.want = want
+        self.head = (method, path, query, version, headers, keep)
+        expect = headers.get("expect")
+        if (
+            expect is not None
+            and expect.lower() == "100-continue"
+            and want != 0
+            and not more
+            and self.transport is not None
+        ):
+            self.transport.write(_CONTINUE)
+
+    def _collect(self, first: bytes | memoryview | bytearray | None) -> None:
+        """Starts collecting a body whose first bytes (if any) are `first`."""
+        self.parts = [first] if first else []
+        self.got = len(first) if first else 0
+
+    def _body_part(self, data: bytes) -> None:
+        """The next read of a body being collected: kept as it came; once the body is
+        whole, it is joined (the one copy) and its request started."""
+        parts = self.parts
+        assert parts is not None
+        parts.append(data)
+        self.got += len(data)
+        over = self.got - self.want
+        if over < 0:
+            return
+        if over:  # the next request(s) began in this read
+            view = memoryview(data)
+            parts[-1] = view[: len(data) - over]
+            self.buf += view[len(data) - over :]
+        self.parts = None
+        self._start(b"".join(parts))
+
+    def _start(self, body: bytes) -> None:
+        """Runs the handler of the request whose head was parsed and whose body is `body`."""
+        assert self.head is not None and self.transport is not None
+        method, path, query, version, headers, keep = self.head
+        self.head = None
         # Routes match the path as sent: "%2F" in a queue name stays inside its segment.
         req = Request(self.app, method, path, query, Headers(headers), body, self.transport)
-        return req, keep, version == "HTTP/1.0"
+        self.busy = True
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(req, keep, version == "HTTP/1.0")
+        )
 
     # ---- replies
     async def _run(self, req: Request, keep: bool, http10: bool) -> None:
