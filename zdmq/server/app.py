@@ -122,6 +122,9 @@ async def _json_body(request: Request) -> Any:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
 
 
+_FRAME = {"Content-Type": BATCH_CONTENT_TYPE}  # a node's batch frame to another node
+
+
 def _is_frame(request: Request) -> bool:
     """Whether the request body is a binary batch frame (else JSON)."""
     ctype = request.headers.get("Content-Type")
@@ -382,9 +385,14 @@ async def push_batch(request: Request) -> Response:
     async def store(owner: str, part: list[PushItem]) -> int:
         if owner == node.id:
             return sum(await node.push_local(queue, part))
-        reply = await node.peer_call(
-            owner, "POST", f"/v1/queues/{queue}/batch", json=_batch_wire(part)
-        )
+        path = f"/v1/queues/{queue}/batch"
+        if any([item.dedup for item in part]):
+            # A frame carries a dedup id, not the id derived from it: JSON says "dedup".
+            reply = await node.peer_call(owner, "POST", path, json=_batch_wire(part))
+        else:
+            ids, bodies, ctypes, _ = zip(*part, strict=True)
+            frame = encode_batch(ids=ids, bodies=bodies, content_types=ctypes)
+            reply = await node.peer_call(owner, "POST", path, data=frame, headers=_FRAME)
         return int(reply.json().get("duplicates", 0))
 
     dups = await asyncio.gather(*(store(o, part) for o, part in by_owner.items()))
@@ -539,11 +547,19 @@ async def _settle_receipts(
             )
             failed.update(why)
             return done
-        body = {"receipts": [r for r, _, _ in part], "delay_s": delay_s}
+        # A frame of the receipts; the numbers go in the query string.
+        params = {"delay_s": repr(delay_s)}
         if action == "extend":
-            body["visibility_s"] = visibility_s
+            params["visibility_s"] = repr(visibility_s)
         try:
-            reply = await node.peer_call(owner, "POST", f"/v1/queues/{queue}/{action}", json=body)
+            reply = await node.peer_call(
+                owner,
+                "POST",
+                f"/v1/queues/{queue}/{action}",
+                data=encode_batch(receipts=[r for r, _, _ in part]),
+                headers=_FRAME,
+                params=params,
+            )
         except ZdmqError as e:
             failed.update((r, e.code) for r, _, _ in part)
             return 0

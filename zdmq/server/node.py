@@ -31,6 +31,7 @@ from zdmq import _http
 from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
+    InternalError,
     MessageIdConflict,
     MessageTooLarge,
     NodeUnavailable,
@@ -41,7 +42,13 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.hashing import Placement
-from zdmq.models import QueueSettings, make_receipt, message_from_wire
+from zdmq.models import (
+    BATCH_CONTENT_TYPE,
+    QueueSettings,
+    decode_batch,
+    make_receipt,
+    message_from_wire,
+)
 from zdmq.server.state import (
     CreateQueue,
     DeadLetter,
@@ -782,13 +789,13 @@ class Node:
                         "POST",
                         f"/v1/queues/{queue}/{kind}",
                         params=params,
-                        headers={ROUTE_HEADER: "local", LISTED_HEADER: "1"},
+                        headers={ROUTE_HEADER: "local", LISTED_HEADER: "1", **_ACCEPT_FRAME},
                     )
                 except NodeUnavailable as e:
                     log.warning("%s at %s failed: %s", kind, node_id, e)
                     down.append(node_id)
                     continue
-                msgs = [_delivery_from_wire(m) for m in reply.json()["messages"]]
+                msgs = _deliveries_of(reply)
                 if msgs:
                     return msgs
             if down:
@@ -804,10 +811,10 @@ class Node:
                     "POST",
                     f"/v1/queues/{queue}/{kind}",
                     params=params,
-                    headers={ROUTE_HEADER: "owner"},
+                    headers={ROUTE_HEADER: "owner", **_ACCEPT_FRAME},
                     timeout_s=remaining + self.config.request_timeout_s,
                 )
-                return [_delivery_from_wire(m) for m in reply.json()["messages"]]
+                return _deliveries_of(reply)
             await self._wait_ready(queue, version, remaining)
 
     async def metadata_via_owner(self, queue: str) -> dict[str, Any]:
@@ -927,6 +934,34 @@ def _tokens() -> Iterator[str]:
     while True:
         h = os.urandom(8 * 64).hex()
         yield from [h[i : i + 16] for i in range(0, len(h), 16)]
+
+
+_ACCEPT_FRAME = {"Accept": BATCH_CONTENT_TYPE}
+
+
+def _deliveries_of(reply: _http.Reply) -> list[Delivery]:
+    """The messages of another node's pop or receive reply: a batch frame, or JSON."""
+    if not reply.headers.get("content-type", "").startswith(BATCH_CONTENT_TYPE):
+        return [_delivery_from_wire(m) for m in reply.json()["messages"]]
+    b = decode_batch(reply.body)
+    n, ids, bodies = b.count, b.ids, b.bodies
+    if not n:
+        return []
+    if ids is None or bodies is None or None in ids:
+        raise InternalError("a pop or receive reply frame from a node without ids or bodies")
+    return list(
+        map(
+            Delivery._make,
+            zip(
+                ids,
+                bodies,
+                b.content_types or [None] * n,
+                b.receipts or [None] * n,
+                b.receive_counts or [0] * n,
+                strict=True,
+            ),
+        )
+    )
 
 
 def _delivery_from_wire(item: dict[str, Any]) -> Delivery:
