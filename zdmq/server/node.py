@@ -49,6 +49,7 @@ from zdmq.models import (
     make_receipt,
     message_from_wire,
 )
+from zdmq.server.heap import Heap
 from zdmq.server.state import (
     CreateQueue,
     DeadLetter,
@@ -119,6 +120,9 @@ class Node:
         # The incarnation of each queue whose settings the last repair sweep brought (the
         # owner leaves those out of the next sweep's reply while the incarnation holds).
         self._swept: dict[str, str] = {}
+        self.heap = Heap()
+        # (messages moved at the last housekeeping round, at the last heap release)
+        self._heap_marks = (0, 0)
         # Long polling, on the metadata owner: a version per queue that moves whenever a
         # node reports it has visible messages, and the event its waiters sleep on.
         self._ready_version: defaultdict[str, int] = defaultdict(int)
@@ -680,6 +684,7 @@ class Node:
             await self.commit(ops)
             self._after_requeue(queue, was_empty, ops)
         if housekeeping:
+            self._release_heap_when_idle()
             ops = []
             for queue in list(state.queues):
                 known = self.settings.get(queue)
@@ -690,6 +695,18 @@ class Node:
             if forget is not None:
                 ops.append(forget)
             await self.commit(ops)
+
+    def _release_heap_when_idle(self) -> None:
+        """Gives freed memory back to the kernel once no message has moved for a
+        housekeeping round since some did (see zdmq/server/heap.py)."""
+        c = self.counters
+        mark = c["pushed"] + c["popped"] + c["received"]
+        last, released = self._heap_marks
+        if mark == last and mark != released:
+            self.heap.release()
+            c["heap_releases"] += 1
+            released = mark
+        self._heap_marks = (mark, released)
 
     async def monitor_loop(self) -> None:
         last_housekeeping = 0.0

@@ -17,6 +17,7 @@ from typing import Any
 
 from zdmq.config import ClusterConfig
 from zdmq.server.app import make_app
+from zdmq.server.heap import Heap
 from zdmq.server.http import serve_app
 
 __all__ = ["run_loop", "run_node", "serve"]
@@ -49,6 +50,7 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
 
     def ready() -> None:
         _tune_gc()
+        Heap().keep_freed()  # the node gives freed memory back when idle
         log.info("node %s serving %s (durability %s)", node_id, me.url, config.durability)
         print(f"READY {node_id} {me.url}", flush=True)
 
