@@ -13,9 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from zdmq import Client
 from zdmq.local import LocalCluster
+
+# Property tests check what is generated, not how fast: on 2 cores shared with node
+# processes and benchmarks, generation can be slow enough to trip Hypothesis's timing
+# checks (seen as a `too_slow` health check failure in test_batch_frames).
+settings.register_profile(
+    "zdmq", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile("zdmq")
 
 
 @pytest.fixture(scope="module")

@@ -191,7 +191,7 @@ def _number(
     return float(value)
 
 
-def validate_queue_name(name: str) -> str:
+def validate_queue_name(name: Any) -> str:
     if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
         raise InvalidQueueName(f"queue name {name!r} must match [A-Za-z0-9_.-]{{1,128}}")
     if name in (".", ".."):
@@ -216,7 +216,7 @@ def new_message_id() -> str:
 _DEDUP_NAMESPACE = uuid.UUID("6d1c6a52-3f0b-5b7e-9a52-7a646d712d31")
 
 
-def dedup_message_id(queue: str, dedup_id: str) -> str:
+def dedup_message_id(queue: str, dedup_id: Any) -> str:
     """The message id a `dedup_id` maps to: the same on every retry, so it lands on one node."""
     if not isinstance(dedup_id, str) or not 1 <= len(dedup_id) <= 256:
         raise InvalidMessage("dedup_id: expected a string of 1..256 characters")
@@ -267,7 +267,7 @@ _CANONICAL_UUID = re.compile(_UUID_RE)
 _RECEIPT = re.compile(f"({_UUID_RE})\\.([A-Za-z0-9]{{1,64}})")
 
 
-def validate_message_id(value: str) -> str:
+def validate_message_id(value: Any) -> str:
     """Message ids are canonical (lower-case, hyphenated) UUID strings."""
     if isinstance(value, str) and _CANONICAL_UUID.fullmatch(value):
         return value  # the hot path: one regex instead of a UUID round trip

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.node.conftest import NodeHttp, expect_error
 
 FIRST = "00000000-0000-4000-8000-000000000000"
@@ -45,11 +47,18 @@ async def test_the_sweep_leaves_out_the_settings_of_an_incarnation_the_caller_kn
     assert renewed["incarnations"]["jobs"] != incarnation
 
 
-async def test_a_sweep_with_malformed_incarnations_is_refused(http: NodeHttp) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"node": "n9", "queues": {"jobs": FIRST}, "incarnations": ["jobs"]},
+        {"node": "n9", "queues": {"jobs": 5}},
+        {"node": "n9", "queues": ["jobs"]},
+    ],
+)
+async def test_a_malformed_sweep_is_refused_and_registers_nothing(
+    http: NodeHttp, body: dict[str, Any]
+) -> None:
     assert (await http.put("/v1/queues/jobs")).status == 201
-    r = await http.post(
-        "/v1/internal/sweep",
-        json={"node": "n9", "queues": {"jobs": FIRST}, "incarnations": ["jobs"]},
-        headers={"zdmq-forwarded": "test"},
-    )
+    r = await http.post("/v1/internal/sweep", json=body, headers={"zdmq-forwarded": "test"})
     await expect_error(r, 400, "bad_request")
+    assert (await (await http.get("/v1/queues/jobs/metadata")).json())["nodes"] == []

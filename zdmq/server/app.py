@@ -635,7 +635,7 @@ async def internal_sweep(request: Request) -> Response:
     node = request.app[NODE]
     payload = await _json_body(request)
     queues = payload.get("queues") if isinstance(payload, dict) else None
-    if not isinstance(queues, dict):
+    if not isinstance(queues, dict) or not all(isinstance(u, str) for u in queues.values()):
         raise BadRequest("queues: expected an object of queue -> first_uuid")
     known = payload.get("incarnations", {})
     if not isinstance(known, dict):
