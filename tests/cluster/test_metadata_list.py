@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import aiohttp
 import pytest
 
-from tests.cluster.support import placement_of, queue_owned_by
+from tests.cluster.support import id_owned_by, placement_of, queue_owned_by
 from tests.helpers import unique
 from zdmq import Client, NodeUnavailable
 from zdmq.local import LocalCluster
@@ -83,3 +84,65 @@ async def test_a_client_whose_urls_all_fail_raises_node_unavailable() -> None:
     with pytest.raises(NodeUnavailable):
         async with Client(["http://127.0.0.1:9"], timeout_s=1):
             pass
+
+
+async def test_registrations_made_while_one_is_in_flight_go_to_their_owner_together(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    # 48 queues whose metadata lists live on n2 get their first message on n1 at once:
+    # n1 must register for each before storing it, and does so in fewer calls than 48.
+    placement = placement_of(cluster4)
+    n1 = cluster4.config.node("n1").url
+    queues = [queue_owned_by(placement, "n2") for _ in range(48)]
+
+    async def counters() -> dict[str, int]:
+        async with http.get(f"{n1}/v1/health") as r:
+            return dict((await r.json())["counters"])
+
+    async with Client.from_config(cluster4.config_path) as c:
+        await asyncio.gather(*(c.create_queue(q) for q in queues))
+        before = await counters()
+
+        async def push(q: str) -> str:
+            mid = id_owned_by(placement, "n1")
+            async with http.post(
+                f"{n1}/v1/queues/{q}/messages", data=q.encode(), headers={"zdmq-id": mid}
+            ) as r:
+                assert r.status == 201, await r.text()
+            return mid
+
+        ids = await asyncio.gather(*(push(q) for q in queues))
+        after = await counters()
+        made = after["registrations"] - before.get("registrations", 0)
+        calls = after["registration_calls"] - before.get("registration_calls", 0)
+        assert made == 48
+        assert 1 <= calls < 48
+        for q, mid in zip(queues, ids, strict=True):
+            assert await c.metadata(q) == ["n1"]
+            m = await c.pop(q)
+            assert m is not None and (m.id, m.body) == (mid, q.encode())
+
+
+async def test_a_batched_registration_for_a_deleted_queue_fails_that_push_alone(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    placement = placement_of(cluster4)
+    n1 = cluster4.config.node("n1").url
+    live = [queue_owned_by(placement, "n2") for _ in range(8)]
+    gone = queue_owned_by(placement, "n2")
+    async with Client.from_config(cluster4.config_path) as c:
+        await asyncio.gather(*(c.create_queue(q) for q in [*live, gone]))
+        await c.delete_queue(gone)
+
+        async def push(q: str) -> int:
+            async with http.post(
+                f"{n1}/v1/queues/{q}/messages",
+                data=b"x",
+                headers={"zdmq-id": id_owned_by(placement, "n1")},
+            ) as r:
+                return r.status
+
+        statuses = await asyncio.gather(*(push(q) for q in [*live, gone]))
+        assert statuses == [201] * 8 + [404]
+        for q in live:
+            assert await c.pop(q) is not None

@@ -631,7 +631,8 @@ async def internal_owned(request: Request) -> Response:
     return _json({"queues": request.app[NODE].owned_queues()})
 
 
-async def internal_sweep(request: Request) -> Response:
+async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[str, str]]:
+    """(node, queue -> first_uuid, queue -> incarnation) of a sweep or a batch register."""
     node = request.app[NODE]
     payload = await _json_body(request)
     queues = payload.get("queues") if isinstance(payload, dict) else None
@@ -643,7 +644,18 @@ async def internal_sweep(request: Request) -> Response:
     for q in queues:
         validate_queue_name(q)
         _owner_only(node, q)
-    return _json(await node.sweep(_field(payload, "node"), queues, known))
+    return _field(payload, "node"), queues, known
+
+
+async def internal_sweep(request: Request) -> Response:
+    node_id, queues, known = await _registrations(request)
+    return _json(await request.app[NODE].sweep(node_id, queues, known))
+
+
+async def internal_register_many(request: Request) -> Response:
+    """Registrations a node made while its previous call to this owner was in flight."""
+    node_id, queues, known = await _registrations(request)
+    return _json(await request.app[NODE].sweep(node_id, queues, known, repair=False))
 
 
 # ---- the application ----------------------------------------------------------------------
@@ -691,6 +703,7 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         ("GET", "/v1/internal/queues/{queue}/depth", internal_depth),
         ("GET", "/v1/internal/owned-queues", internal_owned),
         ("POST", "/v1/internal/sweep", internal_sweep),
+        ("POST", "/v1/internal/register", internal_register_many),
     ):
         app.route(method, path, handler)
     return app

@@ -120,6 +120,10 @@ class Node:
         # The incarnation of each queue whose settings the last repair sweep brought (the
         # owner leaves those out of the next sweep's reply while the incarnation holds).
         self._swept: dict[str, str] = {}
+        # Registrations waiting for the call in flight to their owner (owner -> queue ->
+        # (first_uuid, the registering call's future)), and the owners with a call out.
+        self._to_register: dict[str, dict[str, tuple[str, asyncio.Future[dict[str, Any]]]]] = {}
+        self._registering: set[str] = set()
         self.heap = Heap()
         # (messages moved at the last housekeeping round, at the last heap release)
         self._heap_marks = (0, 0)
@@ -271,9 +275,15 @@ class Node:
             await self.commit([op])
 
     async def sweep(
-        self, node_id: str, queues: dict[str, str], known: Mapping[str, str] | None = None
+        self,
+        node_id: str,
+        queues: dict[str, str],
+        known: Mapping[str, str] | None = None,
+        *,
+        repair: bool = True,
     ) -> dict[str, Any]:
-        """Registers `node_id` for each queue it holds messages of.
+        """Registers `node_id` for each queue it holds messages of (`repair`: the repair
+        sweep's call, counted and logged as repairs; else a batch of registrations).
 
         Returns the queues that no longer exist (`missing`) and the settings of the rest,
         except those whose incarnation the caller already knows (`known`: queue ->
@@ -296,7 +306,7 @@ class Node:
                 op = Register(queue, node_id, first_uuid)
                 self.state.apply(op)
                 ops.append(op)
-        if ops:
+        if ops and repair:
             log.info("repair sweep re-registered %s for %d queue(s)", node_id, len(ops))
             self.counters["repair_registrations"] += len(ops)
         await self.commit(ops)
@@ -334,14 +344,11 @@ class Node:
             lq = self.state.queues.get(queue)
             if lq is not None and lq.registered:
                 return
-            reply = await self._on_owner(
-                queue,
-                lambda: self.register(queue, self.id, first_uuid),
-                "POST",
-                f"/v1/internal/queues/{queue}/register",
-                {"node": self.id, "first_uuid": first_uuid},
-                lambda j: dict(j),
-            )
+            owner = self.meta_owner(queue)
+            if owner == self.id:
+                reply = await self.register(queue, self.id, first_uuid)
+            else:
+                reply = await self._register_at(owner, queue, first_uuid)
             self.counters["registrations"] += 1
             self.settings[queue] = QueueSettings(**reply["settings"])
             lq = self.state.queues.get(queue)
@@ -349,6 +356,54 @@ class Node:
                 lq = self.state.queues[queue] = LocalQueue()
             lq.registered = True
             lq.incarnation = str(reply["incarnation"])
+
+    async def _register_at(self, owner: str, queue: str, first_uuid: str) -> dict[str, Any]:
+        """Registers this node for `queue` with its metadata owner, another node.
+
+        A registration made while a call to that owner is in flight waits for it to
+        return, and then goes with every other one made meanwhile in one call (one
+        request and one commit there): many queues storing their first messages at once
+        (sparse queues, docs/benchmarks.md (e)) cost a call per round trip, not per queue.
+        Returns the queue's incarnation and settings, as `register` does.
+        """
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._to_register.setdefault(owner, {})[queue] = (first_uuid, fut)
+        if owner not in self._registering:
+            self._registering.add(owner)
+            self._spawn(self._send_registrations(owner))
+        return await fut
+
+    async def _send_registrations(self, owner: str) -> None:
+        try:
+            while batch := self._to_register.pop(owner, None):
+                self.counters["registration_calls"] += 1
+                try:
+                    reply = await self.peer_call(
+                        owner,
+                        "POST",
+                        "/v1/internal/register",
+                        json={"node": self.id, "queues": {q: f for q, (f, _) in batch.items()}},
+                    )
+                    result = reply.json()
+                    missing = set(result["missing"])
+                    answers = {
+                        q: {"incarnation": result["incarnations"][q], "settings": s}
+                        for q, s in result["settings"].items()
+                    }
+                except Exception as e:  # every waiter gets what the call raised
+                    for _, fut in batch.values():
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                for q, (_, fut) in batch.items():
+                    if fut.done():
+                        continue  # its caller gave up
+                    if q in missing:
+                        fut.set_exception(QueueNotFound(f"queue {q!r} does not exist"))
+                    else:
+                        fut.set_result(answers[q])
+        finally:
+            self._registering.discard(owner)
 
     async def queue_settings(self, queue: str) -> QueueSettings:
         """The settings of `queue`, from the cache or its metadata owner."""
