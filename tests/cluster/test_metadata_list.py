@@ -25,8 +25,8 @@ async def test_a_listed_node_that_holds_nothing_leaves_the_list_at_the_first_pop
     async with Client.from_config(cluster4.config_path) as c:
         await c.create_queue(q)
         async with http.post(
-            f"{owner_url}/v1/internal/queues/{q}/register",
-            json={"node": ghost, "first_uuid": "00000000-0000-4000-8000-000000000000"},
+            f"{owner_url}/v1/internal/register",
+            json={"node": ghost, "queues": {q: "00000000-0000-4000-8000-000000000000"}},
             headers={"zdmq-forwarded": "test"},
         ) as r:
             assert r.status == 200
@@ -103,15 +103,9 @@ async def test_registrations_made_while_one_is_in_flight_go_to_their_owner_toget
         await asyncio.gather(*(c.create_queue(q) for q in queues))
         before = await counters()
 
-        async def push(q: str) -> str:
-            mid = id_owned_by(placement, "n1")
-            async with http.post(
-                f"{n1}/v1/queues/{q}/messages", data=q.encode(), headers={"zdmq-id": mid}
-            ) as r:
-                assert r.status == 201, await r.text()
-            return mid
-
-        ids = await asyncio.gather(*(push(q) for q in queues))
+        pushed = await asyncio.gather(*(_push_stored_on_n1(http, cluster4, q) for q in queues))
+        assert [status for status, _ in pushed] == [201] * 48
+        ids = [mid for _, mid in pushed]
         after = await counters()
         made = after["registrations"] - before.get("registrations", 0)
         calls = after["registration_calls"] - before.get("registration_calls", 0)
@@ -127,22 +121,29 @@ async def test_a_batched_registration_for_a_deleted_queue_fails_that_push_alone(
     cluster4: LocalCluster, http: aiohttp.ClientSession
 ) -> None:
     placement = placement_of(cluster4)
-    n1 = cluster4.config.node("n1").url
     live = [queue_owned_by(placement, "n2") for _ in range(8)]
     gone = queue_owned_by(placement, "n2")
     async with Client.from_config(cluster4.config_path) as c:
         await asyncio.gather(*(c.create_queue(q) for q in [*live, gone]))
         await c.delete_queue(gone)
 
-        async def push(q: str) -> int:
-            async with http.post(
-                f"{n1}/v1/queues/{q}/messages",
-                data=b"x",
-                headers={"zdmq-id": id_owned_by(placement, "n1")},
-            ) as r:
-                return r.status
-
-        statuses = await asyncio.gather(*(push(q) for q in [*live, gone]))
-        assert statuses == [201] * 8 + [404]
+        pushed = await asyncio.gather(
+            *(_push_stored_on_n1(http, cluster4, q) for q in [*live, gone])
+        )
+        assert [status for status, _ in pushed] == [201] * 8 + [404]
         for q in live:
             assert await c.pop(q) is not None
+
+
+async def _push_stored_on_n1(
+    http: aiohttp.ClientSession, cluster: LocalCluster, q: str
+) -> tuple[int, str]:
+    """Pushes one message (its body the queue's name) through n1 with an id n1 owns, so
+    n1 stores it; (the reply's status, the id)."""
+    mid = id_owned_by(placement_of(cluster), "n1")
+    async with http.post(
+        f"{cluster.config.node('n1').url}/v1/queues/{q}/messages",
+        data=q.encode(),
+        headers={"zdmq-id": mid},
+    ) as r:
+        return r.status, mid

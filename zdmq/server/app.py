@@ -595,14 +595,6 @@ def _field(payload: Any, name: str) -> str:
     return str(payload[name])
 
 
-async def internal_register(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
-    _owner_only(node, queue)
-    payload = await _json_body(request)
-    reply = await node.register(queue, _field(payload, "node"), _field(payload, "first_uuid"))
-    return _json(reply)
-
-
 async def internal_unregister(request: Request) -> Response:
     node, queue = request.app[NODE], _queue(request)
     _owner_only(node, queue)
@@ -652,8 +644,9 @@ async def internal_sweep(request: Request) -> Response:
     return _json(await request.app[NODE].sweep(node_id, queues, known))
 
 
-async def internal_register_many(request: Request) -> Response:
-    """Registrations a node made while its previous call to this owner was in flight."""
+async def internal_register(request: Request) -> Response:
+    """Registers a node for one queue, or for several: the registrations it made while
+    its previous call to this owner was in flight."""
     node_id, queues, known = await _registrations(request)
     return _json(await request.app[NODE].sweep(node_id, queues, known, repair=False))
 
@@ -696,14 +689,13 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         ("POST", "/v1/queues/{queue}/ack", ack),
         ("POST", "/v1/queues/{queue}/nack", nack),
         ("POST", "/v1/queues/{queue}/extend", extend),
-        ("POST", "/v1/internal/queues/{queue}/register", internal_register),
         ("POST", "/v1/internal/queues/{queue}/unregister", internal_unregister),
         ("POST", "/v1/internal/queues/{queue}/ready", internal_ready),
         ("POST", "/v1/internal/queues/{queue}/purge", internal_purge),
         ("GET", "/v1/internal/queues/{queue}/depth", internal_depth),
         ("GET", "/v1/internal/owned-queues", internal_owned),
         ("POST", "/v1/internal/sweep", internal_sweep),
-        ("POST", "/v1/internal/register", internal_register_many),
+        ("POST", "/v1/internal/register", internal_register),
     ):
         app.route(method, path, handler)
     return app
