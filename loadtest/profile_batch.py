@@ -68,6 +68,7 @@ def run_once(args: argparse.Namespace, profile: bool, out: Path) -> dict[str, fl
             total = per * args.producers
             url = cluster.config.nodes[0].url
             before = _storage(url)
+            io_before = _io(node.pid)
             spy = None
             if profile:
                 spy = _start_spy(node.pid, out / "node.raw", args.rate, args.mode)
@@ -99,6 +100,7 @@ def run_once(args: argparse.Namespace, profile: bool, out: Path) -> dict[str, fl
                 if spy is not None:
                     _stop_spy(spy)
             after = _storage(url)
+            io_after = _io(node.pid)
     prod, cons = ph.role("produce_batched"), ph.role("consume_batched")
     if cons["msgs"] < total:
         raise SystemExit(f"pushed {total} but consumed {cons['msgs']}")
@@ -111,7 +113,16 @@ def run_once(args: argparse.Namespace, profile: bool, out: Path) -> dict[str, fl
         "srv_s": ph.server_cpu_s,
         "commits": (after["commits"] - before["commits"]) / cons["msgs"] * 100,
         "cached": _share(after, before),
+        "reads": (io_after["syscr"] - io_before["syscr"]) / cons["msgs"] * 100,
+        "writes": (io_after["syscw"] - io_before["syscw"]) / cons["msgs"] * 100,
     }
+
+
+def _io(pid: int) -> dict[str, int]:
+    """The node's read and write system calls so far (socket sends and receives
+    included), from /proc/PID/io."""
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f)}
 
 
 def _share(after: dict[str, int], before: dict[str, int]) -> float:
@@ -154,14 +165,16 @@ def main() -> int:
     )
     print(
         "| run | msgs/s through | push/s | recv+ack/s | node CPU µs/msg | node CPU s "
-        "| clients CPU s | commits per 100 msgs | rows from cache |"
+        "| clients CPU s | commits per 100 msgs | rows from cache "
+        "| node reads / writes per 100 msgs |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
     def cells(r: dict[str, float]) -> str:
         return (
             f"{r['rate']:,.0f} | {r['push']:,.0f} | {r['recv']:,.0f} | {r['srv_us']:.1f} "
-            f"| {r['srv_s']:.2f} | {r['cli_s']:.2f} | {r['commits']:.1f} | {_pct(r['cached'])} |"
+            f"| {r['srv_s']:.2f} | {r['cli_s']:.2f} | {r['commits']:.1f} | {_pct(r['cached'])} "
+            f"| {r['reads']:.1f} / {r['writes']:.1f} |"
         )
 
     run_and_tabulate(
