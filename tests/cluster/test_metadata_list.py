@@ -95,18 +95,14 @@ async def test_registrations_made_while_one_is_in_flight_go_to_their_owner_toget
     n1 = cluster4.config.node("n1").url
     queues = [queue_owned_by(placement, "n2") for _ in range(48)]
 
-    async def counters() -> dict[str, int]:
-        async with http.get(f"{n1}/v1/health") as r:
-            return dict((await r.json())["counters"])
-
     async with Client.from_config(cluster4.config_path) as c:
         await asyncio.gather(*(c.create_queue(q) for q in queues))
-        before = await counters()
+        before = await _counters(http, n1)
 
         pushed = await asyncio.gather(*(_push_stored_on_n1(http, cluster4, q) for q in queues))
         assert [status for status, _ in pushed] == [201] * 48
         ids = [mid for _, mid in pushed]
-        after = await counters()
+        after = await _counters(http, n1)
         made = after["registrations"] - before.get("registrations", 0)
         calls = after["registration_calls"] - before.get("registration_calls", 0)
         assert made == 48
@@ -147,3 +143,64 @@ async def _push_stored_on_n1(
         headers={"zdmq-id": mid},
     ) as r:
         return r.status, mid
+
+
+async def test_ready_notices_to_one_owner_go_together_and_wake_every_long_poll(
+    cluster4: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    # 16 long polls wait on queues whose metadata lists live on n2; their messages are
+    # stored on n1 at once, so n1 owes n2 16 ready notices, and sends them in fewer calls.
+    placement = placement_of(cluster4)
+    queues = [queue_owned_by(placement, "n2") for _ in range(16)]
+    n1 = cluster4.config.node("n1").url
+    async with Client.from_config(cluster4.config_path) as c:
+        await asyncio.gather(*(c.create_queue(q) for q in queues))
+        before = await _counters(http, n1)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        waits = [asyncio.ensure_future(c.receive(q, 1, wait_s=20)) for q in queues]
+        await asyncio.sleep(0.5)  # the polls are waiting on n2
+        pushed = await asyncio.gather(*(_push_stored_on_n1(http, cluster4, q) for q in queues))
+        assert [status for status, _ in pushed] == [201] * 16
+        got = await asyncio.wait_for(asyncio.gather(*waits), timeout=15)
+        assert loop.time() - t0 < 10  # woken by the notices, not by the end of the wait
+        assert [[m.id for m in batch] for batch in got] == [[mid] for _, mid in pushed]
+        calls = (await _counters(http, n1))["ready_calls"] - before.get("ready_calls", 0)
+        assert 1 <= calls < 16
+
+
+async def test_unregistrations_made_while_one_is_in_flight_go_to_their_owner_together(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    # n1 empties 48 UUID queues whose metadata lists live on n2, all at once, with no
+    # grace: it leaves every list, in fewer calls than 48.
+    cluster = make_cluster(nodes=4, durability="os", unregister_grace_s=0)
+    placement = placement_of(cluster)
+    queues = [queue_owned_by(placement, "n2") for _ in range(48)]
+    n1 = cluster.config.node("n1").url
+
+    async def pop_on_n1(q: str) -> int:
+        async with http.post(f"{n1}/v1/queues/{q}/pop", headers={"zdmq-route": "local"}) as r:
+            return r.status
+
+    async with Client.from_config(cluster.config_path) as c:
+        await asyncio.gather(*(c.create_queue(q) for q in queues))
+        pushed = await asyncio.gather(*(_push_stored_on_n1(http, cluster, q) for q in queues))
+        assert [status for status, _ in pushed] == [201] * 48
+        assert all([await c.metadata(q) == ["n1"] for q in queues])
+        before = await _counters(http, n1)
+        # The first pop takes each message; the second finds the UUID queue empty and
+        # unregisters it before it replies.
+        assert await asyncio.gather(*(pop_on_n1(q) for q in queues)) == [200] * 48
+        assert await asyncio.gather(*(pop_on_n1(q) for q in queues)) == [204] * 48
+        after = await _counters(http, n1)
+        made = after["unregistrations"] - before.get("unregistrations", 0)
+        calls = after["unregistration_calls"] - before.get("unregistration_calls", 0)
+        assert made == 48
+        assert 1 <= calls < 48
+        assert all([await c.metadata(q) == [] for q in queues])
+
+
+async def _counters(http: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    async with http.get(f"{url}/v1/health") as r:
+        return dict((await r.json())["counters"])

@@ -108,8 +108,8 @@ async def test_the_repair_sweep_re_registers_a_node_whose_registration_was_lost(
 
     # Simulate a metadata update the owner lost, through the real internal endpoint.
     async with http.post(
-        f"{owner_url}/v1/internal/queues/{q}/unregister",
-        json={"node": lost},
+        f"{owner_url}/v1/internal/unregister",
+        json={"node": lost, "queues": [q]},
         headers={"zdmq-forwarded": "test"},
     ) as r:
         assert r.status == 200, await r.text()

@@ -595,17 +595,31 @@ def _field(payload: Any, name: str) -> str:
     return str(payload[name])
 
 
+async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
+    """(node, queues) of a batch of unregistrations or ready notices: queues this node
+    is the metadata owner of, or the whole batch is refused."""
+    node = request.app[NODE]
+    payload = await _json_body(request)
+    queues = payload.get("queues") if isinstance(payload, dict) else None
+    if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
+        raise BadRequest("queues: expected a list of queue names")
+    for q in queues:
+        validate_queue_name(q)
+        _owner_only(node, q)
+    return _field(payload, "node"), queues
+
+
 async def internal_unregister(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
-    _owner_only(node, queue)
-    await node.unregister(queue, _field(await _json_body(request), "node"))
+    """Takes a node off the metadata lists of one queue or several."""
+    node_id, queues = await _node_and_queues(request)
+    await request.app[NODE].unregister_many(queues, node_id)
     return _json({"ok": True})
 
 
 async def internal_ready(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
-    _owner_only(node, queue)
-    node.node_ready(queue, _field(await _json_body(request), "node"))
+    """A node has visible messages of these queues: their long polls wake."""
+    node_id, queues = await _node_and_queues(request)
+    request.app[NODE].nodes_ready(queues, node_id)
     return _json({"ok": True})
 
 
@@ -689,13 +703,13 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         ("POST", "/v1/queues/{queue}/ack", ack),
         ("POST", "/v1/queues/{queue}/nack", nack),
         ("POST", "/v1/queues/{queue}/extend", extend),
-        ("POST", "/v1/internal/queues/{queue}/unregister", internal_unregister),
-        ("POST", "/v1/internal/queues/{queue}/ready", internal_ready),
         ("POST", "/v1/internal/queues/{queue}/purge", internal_purge),
         ("GET", "/v1/internal/queues/{queue}/depth", internal_depth),
         ("GET", "/v1/internal/owned-queues", internal_owned),
         ("POST", "/v1/internal/sweep", internal_sweep),
         ("POST", "/v1/internal/register", internal_register),
+        ("POST", "/v1/internal/unregister", internal_unregister),
+        ("POST", "/v1/internal/ready", internal_ready),
     ):
         app.route(method, path, handler)
     return app

@@ -101,6 +101,63 @@ HOUSEKEEPING_S = 1.0
 MONITOR_RETRY_S = 1.0
 
 
+class OwnerBatches:
+    """Calls of one kind to metadata owners, batched per owner: one call in flight to
+    each owner at a time, and every item added meanwhile (one per queue) goes with the
+    next call. Under load that is a call per round trip rather than per queue: many
+    sparse queues registering, unregistering or turning non-empty at once (workload (e),
+    docs/benchmarks.md) cost a request and a commit per batch on the owner.
+
+    `send(owner, {queue: value})` makes the call and returns a result per queue (or the
+    exception that queue failed with); an exception it raises fails the whole batch.
+    """
+
+    def __init__(
+        self,
+        spawn: Callable[[Awaitable[Any]], None],
+        send: Callable[[str, dict[str, Any]], Awaitable[Mapping[str, Any]]],
+    ) -> None:
+        self._spawn = spawn
+        self._send = send
+        self._waiting: dict[str, dict[str, tuple[Any, asyncio.Future[Any]]]] = {}
+        self._busy: set[str] = set()  # owners with a call in flight
+
+    def add(self, owner: str, queue: str, value: Any = None) -> asyncio.Future[Any]:
+        """Queues `queue` for `owner`'s next call; the future of its result. A queue
+        already waiting keeps its place (and value) and shares its future."""
+        waiting = self._waiting.setdefault(owner, {})
+        held = waiting.get(queue)
+        if held is not None:
+            return held[1]
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        waiting[queue] = (value, fut)
+        if owner not in self._busy:
+            self._busy.add(owner)
+            self._spawn(self._run(owner))
+        return fut
+
+    async def _run(self, owner: str) -> None:
+        try:
+            while batch := self._waiting.pop(owner, None):
+                try:
+                    results = await self._send(owner, {q: v for q, (v, _) in batch.items()})
+                except Exception as e:  # every waiter gets what the call raised
+                    for _, fut in batch.values():
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                for q, (_, fut) in batch.items():
+                    if fut.done():
+                        continue  # its caller gave up
+                    r = results.get(q)
+                    if isinstance(r, BaseException):
+                        fut.set_exception(r)
+                    else:
+                        fut.set_result(r)
+        finally:
+            self._busy.discard(owner)
+
+
 class Node:
     def __init__(self, config: ClusterConfig, node_id: str, storage: Storage) -> None:
         self.config = config
@@ -120,10 +177,10 @@ class Node:
         # The incarnation of each queue whose settings the last repair sweep brought (the
         # owner leaves those out of the next sweep's reply while the incarnation holds).
         self._swept: dict[str, str] = {}
-        # Registrations waiting for the call in flight to their owner (owner -> queue ->
-        # (first_uuid, the registering call's future)), and the owners with a call out.
-        self._to_register: dict[str, dict[str, tuple[str, asyncio.Future[dict[str, Any]]]]] = {}
-        self._registering: set[str] = set()
+        # Calls to other metadata owners, batched per owner (values: firstUUIDs, -, -).
+        self._registrations = OwnerBatches(self._spawn, self._send_registrations)
+        self._unregistrations = OwnerBatches(self._spawn, self._send_unregistrations)
+        self._ready_notices = OwnerBatches(self._spawn, self._send_ready)
         self.heap = Heap()
         # (messages moved at the last housekeeping round, at the last heap release)
         self._heap_marks = (0, 0)
@@ -132,7 +189,6 @@ class Node:
         self._ready_version: defaultdict[str, int] = defaultdict(int)
         self._ready_nodes: dict[str, dict[str, int]] = {}
         self._ready_events: dict[str, asyncio.Event] = {}
-        self._notifying: dict[str, bool] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._monitor_retry_at: dict[str, float] = {}
         # Emptied UUID queues waiting out `unregister_grace_s` before they unregister.
@@ -268,11 +324,25 @@ class Node:
         return {"incarnation": meta.incarnation, "settings": meta.settings.to_wire()}
 
     async def unregister(self, queue: str, node_id: str) -> None:
-        meta = self.state.meta.get(queue)
-        if meta is not None and node_id in meta.nodes:
-            op = Unregister(queue, node_id)
-            self.state.apply(op)
-            await self.commit([op])
+        await self.unregister_many([queue], node_id)
+
+    async def unregister_many(self, queues: Sequence[str], node_id: str) -> None:
+        """Takes `node_id` off the metadata lists of `queues` (those it is on), in one
+        commit."""
+        ops: list[Op] = []
+        for queue in queues:
+            meta = self.state.meta.get(queue)
+            if meta is not None and node_id in meta.nodes:
+                op = Unregister(queue, node_id)
+                self.state.apply(op)
+                ops.append(op)
+        if ops:
+            await self.commit(ops)
+
+    def nodes_ready(self, queues: Sequence[str], node_id: str) -> None:
+        """A node reports it has visible messages of `queues` (a batch of notices)."""
+        for queue in queues:
+            self.node_ready(queue, node_id)
 
     async def sweep(
         self,
@@ -358,52 +428,42 @@ class Node:
             lq.incarnation = str(reply["incarnation"])
 
     async def _register_at(self, owner: str, queue: str, first_uuid: str) -> dict[str, Any]:
-        """Registers this node for `queue` with its metadata owner, another node.
+        """Registers this node for `queue` with its metadata owner, another node, in the
+        next batch of registrations to that owner (OwnerBatches). Returns the queue's
+        incarnation and settings, as `register` does."""
+        result: dict[str, Any] = await self._registrations.add(owner, queue, first_uuid)
+        return result
 
-        A registration made while a call to that owner is in flight waits for it to
-        return, and then goes with every other one made meanwhile in one call (one
-        request and one commit there): many queues storing their first messages at once
-        (sparse queues, docs/benchmarks.md (e)) cost a call per round trip, not per queue.
-        Returns the queue's incarnation and settings, as `register` does.
-        """
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._to_register.setdefault(owner, {})[queue] = (first_uuid, fut)
-        if owner not in self._registering:
-            self._registering.add(owner)
-            self._spawn(self._send_registrations(owner))
-        return await fut
+    async def _send_registrations(self, owner: str, queues: dict[str, Any]) -> dict[str, Any]:
+        self.counters["registration_calls"] += 1
+        reply = await self.peer_call(
+            owner, "POST", "/v1/internal/register", json={"node": self.id, "queues": queues}
+        )
+        result = reply.json()
+        answers: dict[str, Any] = {
+            q: {"incarnation": result["incarnations"][q], "settings": s}
+            for q, s in result["settings"].items()
+        }
+        for q in result["missing"]:
+            answers[q] = QueueNotFound(f"queue {q!r} does not exist")
+        return answers
 
-    async def _send_registrations(self, owner: str) -> None:
+    async def _send_unregistrations(self, owner: str, queues: dict[str, Any]) -> dict[str, Any]:
+        self.counters["unregistration_calls"] += 1
+        await self.peer_call(
+            owner, "POST", "/v1/internal/unregister", json={"node": self.id, "queues": list(queues)}
+        )
+        return {}
+
+    async def _send_ready(self, owner: str, queues: dict[str, Any]) -> dict[str, Any]:
+        self.counters["ready_calls"] += 1
         try:
-            while batch := self._to_register.pop(owner, None):
-                self.counters["registration_calls"] += 1
-                try:
-                    reply = await self.peer_call(
-                        owner,
-                        "POST",
-                        "/v1/internal/register",
-                        json={"node": self.id, "queues": {q: f for q, (f, _) in batch.items()}},
-                    )
-                    result = reply.json()
-                    missing = set(result["missing"])
-                    answers = {
-                        q: {"incarnation": result["incarnations"][q], "settings": s}
-                        for q, s in result["settings"].items()
-                    }
-                except Exception as e:  # every waiter gets what the call raised
-                    for _, fut in batch.values():
-                        if not fut.done():
-                            fut.set_exception(e)
-                    continue
-                for q, (_, fut) in batch.items():
-                    if fut.done():
-                        continue  # its caller gave up
-                    if q in missing:
-                        fut.set_exception(QueueNotFound(f"queue {q!r} does not exist"))
-                    else:
-                        fut.set_result(answers[q])
-        finally:
-            self._registering.discard(owner)
+            await self.peer_call(
+                owner, "POST", "/v1/internal/ready", json={"node": self.id, "queues": list(queues)}
+            )
+        except ZdmqError as e:  # a lost notice costs a waiter only its wait
+            log.debug("ready notice for %d queue(s) to %s failed: %s", len(queues), owner, e)
+        return {}
 
     async def queue_settings(self, queue: str) -> QueueSettings:
         """The settings of `queue`, from the cache or its metadata owner."""
@@ -487,36 +547,14 @@ class Node:
     def _notify_ready(self, queue: str) -> None:
         """Tells the metadata owner this node has visible messages (long polls wake).
 
-        Fire and forget, at most one call in flight per queue: a notice that fails
-        costs a waiter only its wait, never a message.
+        Fire and forget, in the next batch of notices to that owner (OwnerBatches): a
+        notice that fails costs a waiter only its wait, never a message.
         """
-        if queue in self._notifying:
-            self._notifying[queue] = True  # send once more when the current one returns
-            return
-        self._notifying[queue] = False
-        self._spawn(self._send_ready(queue))
-
-    async def _send_ready(self, queue: str) -> None:
-        try:
-            while True:
-                owner = self.meta_owner(queue)
-                if owner == self.id:
-                    self.node_ready(queue, self.id)
-                else:
-                    try:
-                        await self.peer_call(
-                            owner,
-                            "POST",
-                            f"/v1/internal/queues/{queue}/ready",
-                            json={"node": self.id},
-                        )
-                    except ZdmqError as e:
-                        log.debug("ready notice for %s to %s failed: %s", queue, owner, e)
-                if not self._notifying.get(queue):
-                    return
-                self._notifying[queue] = False
-        finally:
-            self._notifying.pop(queue, None)
+        owner = self.meta_owner(queue)
+        if owner == self.id:
+            self.node_ready(queue, self.id)
+        else:
+            self._ready_notices.add(owner, queue)
 
     def _check_storage(self) -> None:
         # Once a commit failed, memory may be ahead of disk: change nothing more.
@@ -789,15 +827,12 @@ class Node:
                     return  # a message arrived, or some are leased or delayed
                 del self.state.queues[queue]
             self.counters["unregistrations"] += 1
+            owner = self.meta_owner(queue)
             try:
-                await self._on_owner(
-                    queue,
-                    lambda: self.unregister(queue, self.id),
-                    "POST",
-                    f"/v1/internal/queues/{queue}/unregister",
-                    {"node": self.id},
-                    lambda j: None,
-                )
+                if owner == self.id:
+                    await self.unregister(queue, self.id)
+                else:  # in the next batch of unregistrations to that owner
+                    await self._unregistrations.add(owner, queue)
             except ZdmqError as e:
                 # Harmless: a listed empty node costs a later pop one more call.
                 log.warning("unregister %s from %s failed: %s", self.id, queue, e)
