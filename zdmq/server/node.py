@@ -457,6 +457,7 @@ class Node:
 
     async def _send_ready(self, owner: str, queues: dict[str, Any]) -> dict[str, Any]:
         self.counters["ready_calls"] += 1
+        self.counters["ready_notices"] += len(queues)
         try:
             await self.peer_call(
                 owner, "POST", "/v1/internal/ready", json={"node": self.id, "queues": list(queues)}
