@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from itertools import repeat
 from typing import Any
@@ -589,6 +589,14 @@ def _owner_only(node: Node, queue: str) -> None:
         raise Misrouted(f"{node.id} is not the metadata owner of {queue!r}")
 
 
+def _owner_of_all(node: Node, queues: Iterable[str]) -> None:
+    """Refuses a batch of node-to-node calls unless every queue in it is valid and this
+    node is its metadata owner."""
+    for q in queues:
+        validate_queue_name(q)
+        _owner_only(node, q)
+
+
 def _field(payload: Any, name: str) -> str:
     if not isinstance(payload, dict) or not isinstance(payload.get(name), str):
         raise BadRequest(f"{name}: expected a string")
@@ -603,9 +611,7 @@ async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
     queues = payload.get("queues") if isinstance(payload, dict) else None
     if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
         raise BadRequest("queues: expected a list of queue names")
-    for q in queues:
-        validate_queue_name(q)
-        _owner_only(node, q)
+    _owner_of_all(node, queues)
     return _field(payload, "node"), queues
 
 
@@ -647,9 +653,7 @@ async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[st
     known = payload.get("incarnations", {})
     if not isinstance(known, dict):
         raise BadRequest("incarnations: expected an object of queue -> incarnation")
-    for q in queues:
-        validate_queue_name(q)
-        _owner_only(node, q)
+    _owner_of_all(node, queues)
     return _field(payload, "node"), queues, known
 
 
