@@ -101,6 +101,55 @@ HOUSEKEEPING_S = 1.0
 MONITOR_RETRY_S = 1.0
 
 
+class QueueLocks:
+    """An asyncio.Lock per queue name, kept only while some task holds or waits for it,
+    so a node that has seen a million queue names come and go keeps none of their locks.
+
+    `async with locks(queue):` holds the queue's lock.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, _HeldLock] = {}
+
+    def __call__(self, queue: str) -> _HeldLock:
+        held = self._held.get(queue)
+        if held is None:
+            held = self._held[queue] = _HeldLock(self._held, queue)
+        return held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+class _HeldLock:
+    """The lock of one queue and how many tasks hold or wait for it; the last one out
+    takes it off the map."""
+
+    __slots__ = ("_key", "_lock", "_map", "_users")
+
+    def __init__(self, held: dict[str, _HeldLock], key: str) -> None:
+        self._map, self._key = held, key
+        self._lock = asyncio.Lock()
+        self._users = 0
+
+    async def __aenter__(self) -> None:
+        self._users += 1
+        try:
+            await self._lock.acquire()
+        except BaseException:  # cancelled while waiting
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._map.get(self._key) is self:
+            del self._map[self._key]
+
+
 class OwnerBatches:
     """Calls of one kind to metadata owners, batched per owner: one call in flight to
     each owner at a time, and every item added meanwhile (one per queue) goes with the
@@ -167,7 +216,7 @@ class Node:
         self.urls = {n.id: n.url for n in config.nodes}
         self.storage = storage
         self.state: NodeState = NodeState()
-        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._locks = QueueLocks()
         self._session: _http.HttpPool | None = None
         self.started_at = time.time()
         self.counters: dict[str, int] = defaultdict(int)
@@ -410,7 +459,7 @@ class Node:
 
     # ---- storage node side --------------------------------------------------------
     async def _ensure_registered(self, queue: str, first_uuid: str) -> None:
-        async with self._locks[queue]:
+        async with self._locks(queue):
             lq = self.state.queues.get(queue)
             if lq is not None and lq.registered:
                 return
@@ -821,7 +870,7 @@ class Node:
 
     async def _drop_empty(self, queue: str) -> None:
         """ZDMQ's empty step: drop the UUID queue, reset firstUUID, leave the metadata list."""
-        async with self._locks[queue]:
+        async with self._locks(queue):
             lq = self.state.queues.get(queue)
             if lq is not None:
                 if lq.holds():
@@ -842,7 +891,7 @@ class Node:
         timer = self._drop_timers.pop(queue, None)
         if timer is not None:
             timer.cancel()
-        async with self._locks[queue]:
+        async with self._locks(queue):
             n = self.state.depth(queue)
             self.settings.pop(queue, None)
             op = self.state.purge(queue)
