@@ -22,8 +22,8 @@ canonical form: the nodes refuse others) and goes to the node that id hashes to;
 or receive goes, with `zdmq-route: local`, to a node taken from the queue's metadata
 list (cached per user for 2 s, pruned when a node turns out empty, fetched again from
 the metadata owner when it is empty or stale); an ack goes to the node its message id
-hashes to; a batch push is split by owner into one call per node. Under `any` routing
-a node does all of that on the caller's behalf.
+hashes to; a batch push draws fresh ids that share one node (as the client does) and
+goes there in one call. Under `any` routing a node does all of that on the caller's behalf.
 
 The statistics have one row per operation, not per URL: push, push_batch, pop,
 pop_batch, receive, ack, metadata. A pop or receive that got nothing is a success
@@ -42,7 +42,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +52,7 @@ from locust.runners import WorkerRunner
 
 from zdmq.config import ClusterConfig
 from zdmq.hashing import Placement
+from zdmq.models import new_message_ids
 
 log = logging.getLogger("zdmq.locust")
 
@@ -313,14 +313,13 @@ class ZdmqUser(FastHttpUser):
             payload = orjson.dumps({"messages": [self.s.batch_item] * n})
             self.call("push_batch", self.any_node(), "POST", path, 201, data=payload, headers=JSON)
             return
-        # Like Client.push_many: one call per owning node (here one after the other).
-        by_owner: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
-        for _ in range(n):
-            msg_id = str(uuid.uuid4())
-            by_owner[self.s.placement.owner(msg_id)].append({**self.s.batch_item, "id": msg_id})
-        for owner, items in by_owner.items():
-            payload = orjson.dumps({"messages": items})
-            self.call("push_batch", owner, "POST", path, 201, data=payload, headers=JSON)
+        # Like Client.push_many: fresh ids that share one node, drawn at random, so the
+        # batch is one call to the node that owns them.
+        ids = new_message_ids(n, self.s.placement.owner)
+        items = [{**self.s.batch_item, "id": msg_id} for msg_id in ids]
+        payload = orjson.dumps({"messages": items})
+        owner = self.s.placement.owner(ids[0])
+        self.call("push_batch", owner, "POST", path, 201, data=payload, headers=JSON)
 
     def do_pop(self) -> None:
         self.take("pop", self.queue(), "max=1")

@@ -45,6 +45,7 @@ __all__ = [
     "message_from_wire",
     "message_to_wire",
     "new_message_id",
+    "new_message_ids",
     "parse_receipt",
     "received_from_wire",
     "validate_message_id",
@@ -208,8 +209,40 @@ _VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
 def new_message_id() -> str:
     """A random (version 4) UUID in canonical form: `str(uuid.uuid4())` at about a third
     of its cost (no UUID object), with the version and variant bits set the same way."""
-    h = _urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+    return _uuid4_at(_urandom(16).hex(), 0)
+
+
+def _uuid4_at(h: str, i: int) -> str:
+    """The UUID4 made of the 32 random hex digits of `h` at `i`."""
+    return (
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-4{h[i + 13 : i + 16]}-"
+        f"{_VARIANT[h[i + 16]]}{h[i + 17 : i + 20]}-{h[i + 20 : i + 32]}"
+    )
+
+
+def new_message_ids(n: int, owner: Callable[[str], str]) -> list[str]:
+    """`n` fresh random message ids (as `new_message_id`) that all have one owner.
+
+    The first id is drawn like any other, so its owner, the batch's node, is as random
+    as a single message's (each node in proportion to the partitions it owns); the rest
+    are drawn until `owner` names that node, about N draws an id on N nodes. A batch of
+    fresh messages is then one call to one node rather than a part for every node, and
+    every id still lives where its hash says (zero hop: anyone finds it from the id).
+    """
+    if n <= 0:
+        return []
+    first = new_message_id()
+    ids = [first]
+    node = owner(first)
+    while len(ids) < n:
+        h = _urandom(16 * 64).hex()  # 64 candidates a read
+        for i in range(0, 32 * 64, 32):
+            mid = _uuid4_at(h, i)
+            if owner(mid) == node:
+                ids.append(mid)
+                if len(ids) == n:
+                    break
+    return ids
 
 
 # Namespace of the ids derived from dedup ids (uuid5 of queue and dedup id).

@@ -6,12 +6,14 @@ from __future__ import annotations
 import base64
 import math
 import uuid
+from collections import Counter
 from typing import Any
 
 import orjson
 import pytest
 
 from zdmq.errors import BadRequest, InvalidMessage, InvalidQueueName, MessageTooLarge
+from zdmq.hashing import Placement
 from zdmq.models import (
     Message,
     QueueSettings,
@@ -22,6 +24,7 @@ from zdmq.models import (
     message_from_wire,
     message_to_wire,
     new_message_id,
+    new_message_ids,
     parse_receipt,
     validate_message_id,
     validate_queue_name,
@@ -132,6 +135,30 @@ def test_new_message_ids_are_canonical_uuid4s() -> None:
     for i in ids:
         assert validate_message_id(i) == i
         assert uuid.UUID(i).version == 4
+
+
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 100, 250])
+def test_ids_drawn_for_a_batch_are_distinct_canonical_uuid4s_with_one_owner(n: int) -> None:
+    placement = Placement(["n1", "n2", "n3", "n4"], 256, 2)
+    ids = new_message_ids(n, placement.owner)
+    assert len(ids) == n == len(set(ids))
+    for i in ids:
+        assert validate_message_id(i) == i
+        assert uuid.UUID(i).version == 4
+    assert len({placement.owner(i) for i in ids}) == 1
+
+
+def test_batches_of_drawn_ids_spread_over_the_nodes_as_single_ids_do() -> None:
+    # Each node owns 64 of the 256 partitions: 800 batches give each about 200 (a
+    # standard deviation of 12); a batch's node that were not random would show.
+    placement = Placement(["n1", "n2", "n3", "n4"], 256, 2)
+    nodes = Counter(placement.owner(new_message_ids(3, placement.owner)[0]) for _ in range(800))
+    assert set(nodes) == {"n1", "n2", "n3", "n4"}
+    assert all(140 <= c <= 260 for c in nodes.values()), nodes
+
+
+def test_no_ids_drawn_for_an_empty_batch() -> None:
+    assert new_message_ids(0, Placement(["n1", "n2"], 256, 1).owner) == []
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,7 @@ from zdmq.models import (
     group_receipts,
     message_from_wire,
     new_message_id,
+    new_message_ids,
     received_from_wire,
     validate_queue_name,
 )
@@ -334,7 +335,9 @@ class Client:
         *,
         dedup_ids: Sequence[str | None] | None = None,
     ) -> list[str]:
-        """Pushes a batch: one call per owning node, in parallel.
+        """Pushes a batch: one call per owning node, in parallel. The fresh messages of a
+        batch share one node, drawn at random (new_message_ids), so without dedup ids a
+        batch is one call.
 
         Each node's part is split further only where it passes the batch limits
         (`max_batch_messages` messages, `max_request_bytes` bytes of the frame).
@@ -350,12 +353,13 @@ class Client:
         if dedup_ids is not None and len(dedup_ids) != len(bodies):
             raise ValueError("dedup_ids must pair one dedup id (or None) with each body")
         owner_of = self.placement.owner
+        fresh = iter(self._fresh_ids(len(bodies) - _given(dedup_ids)))
         for i, body in enumerate(bodies):
             data, ctype = _bytes(body, None)
             dedup_id = dedup_ids[i] if dedup_ids is not None else None
             item: _Item
             if dedup_id is None:
-                msg_id = new_message_id()
+                msg_id = next(fresh)
                 item = (msg_id, data, None if ctype == _OCTET else ctype, None)
             else:
                 msg_id = dedup_message_id(queue, dedup_id)
@@ -382,6 +386,14 @@ class Client:
             )
         ]
         await asyncio.gather(*calls)
+        return ids
+
+    def _fresh_ids(self, n: int) -> list[str]:
+        """Ids for `n` fresh messages of a push_many: each run of up to a batch's worth
+        shares one node, drawn at random (new_message_ids), so it goes in one call."""
+        ids: list[str] = []
+        for start in range(0, n, self._max_batch):
+            ids += new_message_ids(min(self._max_batch, n - start), self.placement.owner)
         return ids
 
     # ---- pop and receive -------------------------------------------------------------
@@ -607,6 +619,11 @@ class Client:
 
 
 _Item = tuple[str | None, bytes, str | None, str | None]  # id, body, content type, dedup id
+
+
+def _given(dedup_ids: Sequence[str | None] | None) -> int:
+    """How many messages of a push_many carry a dedup id."""
+    return 0 if dedup_ids is None else sum(d is not None for d in dedup_ids)
 
 
 def _item_bytes(item: _Item) -> int:

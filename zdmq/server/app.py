@@ -46,6 +46,7 @@ from zdmq.models import (
     group_receipts,
     message_to_wire,
     new_message_id,
+    new_message_ids,
     validate_message_id,
     validate_queue_name,
 )
@@ -343,12 +344,23 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
 
 
 def _item_id(queue: str, mid: Any, dedup_id: Any) -> str:
-    """The id a batch item is stored under: its dedup id's, its own (checked), or a new one."""
+    """The id a batch item is stored under: its dedup id's, its own (checked), or ""
+    for a fresh one (`_fresh_ids` draws those for the whole batch)."""
     if dedup_id is not None:
         if mid is not None:
             raise InvalidMessage("give id or dedup_id, not both")
         return dedup_message_id(queue, dedup_id)
-    return validate_message_id(mid) if mid is not None else new_message_id()
+    return validate_message_id(mid) if mid is not None else ""
+
+
+def _fresh_ids(items: list[PushItem], owner: Callable[[str], str]) -> list[PushItem]:
+    """The batch with ids for the messages that came without one, all on one node drawn
+    at random (new_message_ids): one call to one node stores them, not one per node."""
+    n = sum(not item.id for item in items)
+    if n == 0:
+        return items
+    fresh = iter(new_message_ids(n, owner))
+    return [item if item.id else item._replace(id=next(fresh)) for item in items]
 
 
 def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
@@ -376,6 +388,7 @@ async def push_batch(request: Request) -> Response:
             limits.max_message_bytes,
             _forwarded(request),
         )
+    items = _fresh_ids(items, node.placement.owner)
     by_owner: defaultdict[str, list[PushItem]] = defaultdict(list)
     for item in items:
         by_owner[node.placement.owner(item[0])].append(item)
