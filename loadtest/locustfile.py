@@ -42,6 +42,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -314,12 +315,13 @@ class ZdmqUser(FastHttpUser):
             self.call("push_batch", self.any_node(), "POST", path, 201, data=payload, headers=JSON)
             return
         # Like Client.push_many: fresh ids that share one node, drawn at random, so the
-        # batch is one call to the node that owns them.
-        ids = new_message_ids(n, self.s.placement.owner)
-        items = [{**self.s.batch_item, "id": msg_id} for msg_id in ids]
-        payload = orjson.dumps({"messages": items})
-        owner = self.s.placement.owner(ids[0])
-        self.call("push_batch", owner, "POST", path, 201, data=payload, headers=JSON)
+        # batch is one call to the node that owns them (one per owner on huge clusters).
+        by_owner: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
+        for msg_id in new_message_ids(n, self.s.placement.owner):
+            by_owner[self.s.placement.owner(msg_id)].append({**self.s.batch_item, "id": msg_id})
+        for owner, items in by_owner.items():
+            payload = orjson.dumps({"messages": items})
+            self.call("push_batch", owner, "POST", path, 201, data=payload, headers=JSON)
 
     def do_pop(self) -> None:
         self.take("pop", self.queue(), "max=1")

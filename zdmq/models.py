@@ -220,6 +220,10 @@ def _uuid4_at(h: str, i: int) -> str:
     )
 
 
+# How many ids new_message_ids draws per id it returns, at most (on average).
+DRAWS_PER_ID = 32
+
+
 def new_message_ids(n: int, owner: Callable[[str], str]) -> list[str]:
     """`n` fresh random message ids (as `new_message_id`) that all have one owner.
 
@@ -228,13 +232,21 @@ def new_message_ids(n: int, owner: Callable[[str], str]) -> list[str]:
     are drawn until `owner` names that node, about N draws an id on N nodes. A batch of
     fresh messages is then one call to one node rather than a part for every node, and
     every id still lives where its hash says (zero hop: anyone finds it from the id).
+
+    The draws stop at `DRAWS_PER_ID` an id on average: on a cluster of more nodes than
+    that, the ids they did not find are drawn as single ids are, each on its own owner.
     """
     if n <= 0:
         return []
     first = new_message_id()
     ids = [first]
     node = owner(first)
+    budget = DRAWS_PER_ID * n
     while len(ids) < n:
+        if budget <= 0:
+            ids += [new_message_id() for _ in range(n - len(ids))]
+            break
+        budget -= 64
         h = _urandom(16 * 64).hex()  # 64 candidates a read
         for i in range(0, 32 * 64, 32):
             mid = _uuid4_at(h, i)

@@ -157,6 +157,14 @@ def test_batches_of_drawn_ids_spread_over_the_nodes_as_single_ids_do() -> None:
     assert all(140 <= c <= 260 for c in nodes.values()), nodes
 
 
+def test_ids_drawn_for_an_owner_no_other_id_has_stop_at_the_draw_budget() -> None:
+    # Every id its own owner: no second id ever matches the first, so after its budget
+    # of draws new_message_ids hands out plain fresh ids rather than drawing forever.
+    ids = new_message_ids(50, lambda mid: mid)
+    assert len(ids) == 50 == len(set(ids))
+    assert all(uuid.UUID(i).version == 4 for i in ids)
+
+
 def test_no_ids_drawn_for_an_empty_batch() -> None:
     assert new_message_ids(0, Placement(["n1", "n2"], 256, 1).owner) == []
 
