@@ -57,9 +57,14 @@ def _content_length(head: bytes) -> int:
 
 
 class _BareServer(asyncio.Protocol):
+    """Frames requests by Content-Length and answers each 201 with REPLY."""
+
     def connection_made(self, transport: Any) -> None:
         self.t = transport
         self.buf = bytearray()
+
+    def handle(self, body: bytes) -> None:
+        """What the server does with a request's body before it replies: nothing here."""
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -67,7 +72,9 @@ class _BareServer(asyncio.Protocol):
             n = _content_length(bytes(self.buf[:end]))
             if len(self.buf) < end + 4 + n:
                 return
+            body = bytes(self.buf[end + 4 : end + 4 + n])
             del self.buf[: end + 4 + n]
+            self.handle(body)
             self.t.write(
                 b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n" % len(REPLY) + REPLY
@@ -75,18 +82,25 @@ class _BareServer(asyncio.Protocol):
 
 
 class _BareClient(asyncio.Protocol):
+    """Frames replies by Content-Length; one call at a time, whose waiter gets the body."""
+
     def connection_made(self, transport: Any) -> None:
         self.t = transport
         self.buf = bytearray()
         self.waiter: asyncio.Future[bytes] | None = None
+
+    def check(self, head: bytes) -> None:
+        """Looks at a reply's head before its waiter gets the body: nothing here."""
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
         end = self.buf.find(b"\r\n\r\n")
         if end < 0 or self.waiter is None:
             return
-        n = _content_length(bytes(self.buf[:end]))
+        head = bytes(self.buf[:end])
+        n = _content_length(head)
         if len(self.buf) >= end + 4 + n:
+            self.check(head)
             body = bytes(self.buf[end + 4 : end + 4 + n])
             del self.buf[: end + 4 + n]
             self.waiter.set_result(body)

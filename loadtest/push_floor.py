@@ -34,14 +34,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import uvloop
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from http_stack import _content_length
+from http_stack import _BareClient as BareClient
+from http_stack import _BareServer as BareServer
 from profile_push import latency_row
 
 from zdmq.bench.workloads import cpu_seconds
@@ -50,7 +50,6 @@ from zdmq.local import LocalCluster
 from zdmq.models import new_message_id
 
 BODY = b"x" * 100
-REPLY = b'{"id":"0b8d6a5e-4b1f-4a29-9a57-1c2f3e4d5a6b","duplicate":false}'
 
 
 def _open_db(directory: str, durability: str) -> sqlite3.Connection:
@@ -69,32 +68,16 @@ def _open_db(directory: str, durability: str) -> sqlite3.Connection:
     return conn
 
 
-class _BareServer(asyncio.Protocol):
+class _BareServer(BareServer):
+    """http_stack's bare server, storing each body first (one autocommit INSERT) when
+    it has a database."""
+
     def __init__(self, conn: sqlite3.Connection | None) -> None:
         self.conn = conn
 
-    def connection_made(self, transport: Any) -> None:
-        self.t = transport
-        self.buf = bytearray()
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-            n = 0
-            for line in bytes(self.buf[:end]).split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    n = int(value)
-            if len(self.buf) < end + 4 + n:
-                return
-            body = bytes(self.buf[end + 4 : end + 4 + n])
-            del self.buf[: end + 4 + n]
-            if self.conn is not None:
-                self.conn.execute("INSERT INTO m (body) VALUES (?)", (body,))
-            self.t.write(
-                b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n" % len(REPLY) + REPLY
-            )
+    def handle(self, body: bytes) -> None:
+        if self.conn is not None:
+            self.conn.execute("INSERT INTO m (body) VALUES (?)", (body,))
 
 
 def _serve(sock: socket.socket, directory: str | None, durability: str) -> None:
@@ -107,28 +90,17 @@ def _serve(sock: socket.socket, directory: str | None, durability: str) -> None:
     uvloop.run(main())
 
 
-class _BareClient(asyncio.Protocol):
+class _BareClient(BareClient):
+    """http_stack's bare client, pushing BODY and expecting 201 replies."""
+
     def __init__(self, zdmq: bool) -> None:
         self.zdmq = zdmq  # send what Client.push sends: a content type and a fresh id
 
-    def connection_made(self, transport: Any) -> None:
-        self.t = transport
-        self.buf = bytearray()
-        self.waiter: asyncio.Future[None] | None = None
+    def check(self, head: bytes) -> None:
+        if not head.startswith(b"HTTP/1.1 201 "):
+            raise RuntimeError(f"unexpected reply {head[:200]!r}")
 
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        end = self.buf.find(b"\r\n\r\n")
-        if end < 0 or self.waiter is None:
-            return
-        n = _content_length(bytes(self.buf[:end]))
-        if len(self.buf) >= end + 4 + n:
-            if not self.buf.startswith(b"HTTP/1.1 201 "):
-                raise RuntimeError(f"unexpected reply {bytes(self.buf[:200])!r}")
-            del self.buf[: end + 4 + n]
-            self.waiter.set_result(None)
-
-    async def post(self) -> None:
+    async def push(self) -> None:
         self.waiter = asyncio.get_running_loop().create_future()
         extra = b""
         if self.zdmq:
@@ -150,7 +122,7 @@ async def _bare_pushes(port: int, n: int, zdmq: bool = False) -> list[float]:
     try:
         for _ in range(n):
             t = time.perf_counter()
-            await proto.post()
+            await proto.push()
             lat.append(time.perf_counter() - t)
     finally:
         transport.close()
