@@ -32,8 +32,10 @@ async def test_acknowledged_messages_survive_kill_9_of_a_node_and_come_back_exac
         await c.create_queue(q)
         bodies = [i.to_bytes(4, "big") + os.urandom(96) for i in range(1_000)]
         acked: dict[str, bytes] = {}
-        for i in range(0, len(bodies), 250):
-            chunk = bodies[i : i + 250]
+        # Batches of 25: a batch's fresh messages share one node, and a node other than
+        # the owner must hold some.
+        for i in range(0, len(bodies), 25):
+            chunk = bodies[i : i + 25]
             acked.update(zip(await c.push_many(q, chunk), chunk, strict=True))
         stats = await c.stats(q)
         assert stats.messages == 1_000
@@ -90,7 +92,11 @@ async def test_the_repair_sweep_re_registers_a_node_whose_registration_was_lost(
     owner_url = cluster.config.node(owner).url
     async with Client.from_config(cluster.config_path) as c:
         await c.create_queue(q)
-        pushed = set(await c.push_many(q, [f"m{i}" for i in range(200)]))
+        # Batches of 10: a batch's fresh messages share one node, and a node other than
+        # the owner must hold some.
+        pushed: set[str] = set()
+        for i in range(0, 200, 10):
+            pushed.update(await c.push_many(q, [f"m{j}" for j in range(i, i + 10)]))
         stats = await c.stats(q)
     lost = next(n for n in stats.nodes if n != owner)
 
