@@ -8,7 +8,7 @@ zdmq push    push a message (argument, file or stdin)
 zdmq pop     pop messages and print them
 zdmq demo    the README's main job: a local cluster, pushes and pops, then the Spark pipeline
 zdmq spark   Spark jobs: `zdmq spark drain --queue Q --out PATH` (needs the [spark] extra)
-zdmq bench   the benchmark workloads (a-d) on zdmq and, if started, RabbitMQ, Redis, NATS
+zdmq bench   the benchmark workloads on zdmq and, if started, RabbitMQ, Redis, NATS
 """
 
 from __future__ import annotations

@@ -19,22 +19,23 @@ from zdmq.bench.driver import SystemSpec
 from zdmq.bench.report import format_tables, medians, ratio_rows
 from zdmq.bench.runner import main as bench_main
 from zdmq.bench.runner import zdmq_systems
-from zdmq.bench.suite import Knobs, workload_a, workload_b
+from zdmq.bench.suite import Knobs, workload_sequential, workload_throughput
 from zdmq.bench.workloads import body_key, cpu_seconds, make_body, sent_at
 
 TINY = Knobs(
-    n=60,
-    clients=(1, 2),
-    b_producers=2,
-    b_consumers=2,
-    b_messages=3000,
-    b_batch=20,
-    b_inflight=2,
-    c_rate=100.0,
-    c_seconds=0.5,
+    seq_n=60,
+    seq_clients=(1, 2),
+    producers=2,
+    consumers=2,
+    messages=3000,
+    batch=20,
+    inflight=2,
+    latency_rate=100.0,
+    latency_seconds=0.5,
     sizes=(100, 4096),
-    d_bytes=64 * 1024,
-    d_max=40,
+    size_bytes=64 * 1024,
+    size_max=40,
+    floor_n=50,
 )
 
 
@@ -55,13 +56,13 @@ def test_server_cpu_is_read_from_proc_and_a_gone_pid_counts_zero() -> None:
     assert cpu_seconds([2**22 + 12345]) == 0.0
 
 
-def test_workloads_a_and_b_move_every_message_through_a_real_node() -> None:
+def test_sequential_and_throughput_move_every_message_through_a_real_node() -> None:
     with zdmq_systems([1], ["os"]) as [spec, consumer]:
-        rows = workload_a(spec, TINY) + workload_b(spec, TINY)
+        rows = workload_sequential(spec, TINY) + workload_throughput(spec, TINY)
         # The consumer row: prefetched receives and background acks, all committed (and
         # what one client leased ahead released for the other) before the phase ends.
-        c1, c2 = workload_a(consumer, TINY)
-        assert consumer.workloads == "a" and consumer.options["prefetch"] > 1
+        c1, c2 = workload_sequential(consumer, TINY)
+        assert consumer.workloads == ("sequential",) and consumer.options["prefetch"] > 1
         assert c1["recv_rate"] > 0 and c2["recv_rate"] > 0
         assert asyncio.run(_left(spec)) == (0, 0)
     a1, a2, b = rows
@@ -94,7 +95,9 @@ def test_zdmq_bench_quick_prints_tables_and_writes_json(
                 "--durability",
                 "os",
                 "--workloads",
-                "cd",
+                "latency",
+                "sizes",
+                "floor",
                 "--out",
                 str(tmp_path),
             ]
@@ -102,22 +105,42 @@ def test_zdmq_bench_quick_prints_tables_and_writes_json(
         == 0
     )
     out = capsys.readouterr().out
-    assert "(c) push-to-delivery latency" in out and "(d) message size sweep" in out
+    assert "latency: push to delivery" in out and "sizes: 100 B to 1 MiB" in out
+    assert "floor: what one durable call costs" in out
     [path] = tmp_path.glob("bench-*.json")
     doc = json.loads(path.read_text())
     rows = doc["rows"]
-    assert {r["workload"] for r in rows} == {"c", "d"}
-    assert [r["variant"] for r in rows if r["workload"] == "d"] == ["100 B", "10 KiB"]
-    assert all(r["system"] == "zdmq os" for r in rows)
-    c = next(r for r in rows if r["workload"] == "c")
+    assert {r["workload"] for r in rows} == {"latency", "sizes", "floor"}
+    assert [r["variant"] for r in rows if r["workload"] == "sizes"] == ["100 B", "10 KiB"]
+    assert all(r["system"] == "zdmq os" for r in rows if r["workload"] != "floor")
+    floor = [r for r in rows if r["workload"] == "floor"]
+    assert floor and all(r["system"].startswith("floor: ") and r["push_rate"] > 0 for r in floor)
+    c = next(r for r in rows if r["workload"] == "latency")
     assert 0 < c["p50_ms"] <= c["p99_ms"]
+
+
+def test_bench_help_names_every_workload_by_what_it_measures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        bench_main(["--help"])
+    out = capsys.readouterr().out
+    for name in ("sequential", "throughput", "latency", "sizes", "floor", "scale"):
+        assert f"  {name} " in out
+
+
+def test_bench_refuses_an_unknown_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        bench_main(["--workloads", "b", "--peers", "none"])
+    assert e.value.code == 2
+    assert "unknown workloads b" in capsys.readouterr().err
 
 
 def _row(system: str, durability: str, rate: float, p50: float) -> dict[str, object]:
     return {
         "system": system,
         "durability": durability,
-        "workload": "a",
+        "workload": "sequential",
         "variant": "1 client",
         "push_rate": rate,
         "push_p50_ms": p50,

@@ -47,7 +47,7 @@ class SystemSpec:
     server_pids: tuple[int, ...] = ()  # whose CPU time counts as "server CPU"
     sys_path: tuple[str, ...] = ()  # folders to import `driver` from
     note: str = ""  # one line for the table's legend
-    workloads: str | None = None  # the workloads this row takes part in (None: all)
+    workloads: tuple[str, ...] | None = None  # the workloads this row takes part in (None: all)
 
 
 class Driver(abc.ABC):

@@ -14,7 +14,7 @@ _KEY = ("system", "durability", "workload", "variant")
 
 # workload -> [(metric, header, format)]; the first metric is the one ratios compare.
 COLUMNS: dict[str, list[tuple[str, str, str]]] = {
-    "a": [
+    "sequential": [
         ("push_rate", "push/s", ",.0f"),
         ("push_p50_ms", "p50 ms", ".2f"),
         ("push_p99_ms", "p99 ms", ".2f"),
@@ -24,7 +24,7 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("recv_p99_ms", "p99 ms", ".2f"),
         ("recv_cpu_us", "srv µs/msg", ".0f"),
     ],
-    "b": [
+    "throughput": [
         ("rate", "msgs/s through", ",.0f"),
         ("push_rate", "push/s", ",.0f"),
         ("recv_rate", "recv+ack/s", ",.0f"),
@@ -32,20 +32,26 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("client_cpu_s", "client CPU s", ".1f"),
         ("server_cpu_s", "server CPU s", ".1f"),
     ],
-    "c": [
+    "latency": [
         ("p50_ms", "p50 ms", ".2f"),
         ("p99_ms", "p99 ms", ".2f"),
         ("mean_ms", "mean ms", ".2f"),
         ("cpu_us", "srv µs/msg", ".0f"),
     ],
-    "d": [
+    "sizes": [
         ("rate", "msgs/s (1+1 batched)", ",.0f"),
         ("mb_s", "MiB/s", ",.1f"),
         ("seq_push_rate", "seq push/s", ",.0f"),
         ("seq_push_p50_ms", "p50 ms", ".2f"),
         ("cpu_us", "srv µs/msg", ".0f"),
     ],
-    "e": [
+    "floor": [
+        ("push_rate", "calls/s", ",.0f"),
+        ("push_p50_ms", "p50 ms", ".3f"),
+        ("push_p99_ms", "p99 ms", ".3f"),
+        ("push_cpu_us", "srv µs/call", ".0f"),
+    ],
+    "scale": [
         ("push_rate", "push/s", ",.0f"),
         ("push_p99_ms", "push p99 ms", ".2f"),
         ("push_cpu_us", "push srv µs", ".0f"),
@@ -55,16 +61,19 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("rate", "batched msgs/s", ",.0f"),
         ("cpu_us", "srv µs/msg", ".1f"),
         ("rss_mb", "RSS MB", ".0f"),
+        ("idle_core_pct", "idle % core", ".1f"),
     ],
 }
 # Latency-like metrics: smaller is better, so the ratio is peer / zdmq.
 _LOWER_IS_BETTER = ("_ms", "cpu_us")
 TITLES = {
-    "a": "(a) RDSQ: one at a time, each push waits for its confirm; then receive+ack one at a time",
-    "b": "(b) best throughput: producers and consumers at once, batched and pipelined",
-    "c": "(c) push-to-delivery latency at a fixed rate",
-    "d": "(d) message size sweep",
-    "e": "(e) scale",
+    "sequential": "sequential: one at a time, each push waits for its confirm; then receive+ack "
+    "one at a time",
+    "throughput": "throughput: producers and consumers at once, batched and pipelined",
+    "latency": "latency: push to delivery at a fixed rate",
+    "sizes": "sizes: 100 B to 1 MiB, one at a time and 1+1 batched",
+    "floor": "floor: what one durable call costs on this machine without zdmq (no peers)",
+    "scale": "scale: depth, queue count, node count and idle cost (zdmq alone)",
 }
 
 

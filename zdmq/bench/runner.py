@@ -1,10 +1,10 @@
-"""`zdmq bench`: the issue-4 workloads on zdmq and, when they run, on its peers.
+"""`zdmq bench`: the benchmark workloads on zdmq and, when they run, on its peers.
 
-    zdmq bench                               # a 1-node fsync cluster of its own, workloads a-d
+    zdmq bench                       # a 1-node fsync cluster; every workload but scale
     zdmq bench --nodes 1 4 --durability fsync os --runs 3
     zdmq bench --peers /tmp/zdmq-peers/peers.json   # + every peer loadtest/peers started
-    zdmq bench --config cluster.yaml         # a cluster that is already running
-    python -m zdmq.bench.scale               # workload e: depth, queue count, node count (zdmq)
+    zdmq bench --config cluster.yaml     # a cluster that is already running
+    zdmq bench --workloads scale         # zdmq alone: depth, queue count, node count, idle
 
 Each run goes through every system and workload in turn; with `--runs 3` the table
 shows medians and the JSON keeps every sample. A peer that is not running is named and
@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,21 @@ from zdmq.bench.suite import WORKLOADS, Knobs, Row
 __all__ = ["main", "peer_systems", "zdmq_systems"]
 
 ZDMQ_DRIVER = "zdmq.bench.zdmq_driver:ZdmqDriver"
+# Every workload, by what it measures. The first four run on every system; `floor` and
+# `scale` run once per run, on no peer.
+ABOUT = {
+    "sequential": "one call at a time: pushes that each wait for their confirm, then "
+    "receive+ack (1 and 4 clients)",
+    "throughput": "4 producers and 4 consumers at once, batches of 100, 4 in flight each",
+    "latency": "push-to-delivery p50 and p99 at 1,000 messages/s",
+    "sizes": "100 B, 10 KiB and 1 MiB messages: one at a time, and 1+1 batched",
+    "floor": "this machine without zdmq: one fsynced SQLite commit, a bare HTTP round trip, "
+    "both together",
+    "scale": "zdmq alone: queue depth up to 1M, up to 10k queues, 1 to 8 nodes, idle cost, "
+    "memory (about 15 min)",
+}
+PER_SYSTEM = tuple(WORKLOADS)
+DEFAULT_WORKLOADS = (*PER_SYSTEM, "floor")
 PREFETCH = 100  # messages the consumer rows lease ahead (one receive call's worth)
 
 
@@ -79,7 +95,7 @@ def zdmq_systems(
                             "acks batched in the background and all committed before the "
                             "phase ends (as RabbitMQ's consumer: prefetch, acks not awaited)"
                         ),
-                        workloads="a",
+                        workloads=("sequential",),
                     )
                 )
         yield specs
@@ -131,39 +147,70 @@ def machine() -> dict[str, Any]:
 
 def run(
     systems: list[SystemSpec],
-    workloads: str,
+    workloads: list[str],
     knobs: Knobs,
     runs: int,
     *,
+    durabilities: tuple[str, ...] = ("fsync",),
     log: Any = print,
     after_run: Any = None,
 ) -> list[Row]:
-    """Every system through every workload, `runs` times; medians per row. `after_run`
-    gets the medians so far after each run (a long run keeps what it measured)."""
+    """Every system through every workload, `runs` times, then the workloads that run
+    once (floor, per durability; scale); medians per row. `after_run` gets the medians
+    so far after each run (a long run keeps what it measured)."""
     all_runs: list[list[Row]] = []
     for i in range(runs):
         rows: list[Row] = []
         for spec in systems:
             for w in workloads:
-                if spec.workloads is not None and w not in spec.workloads:
+                if w not in WORKLOADS or (spec.workloads is not None and w not in spec.workloads):
                     continue
-                t0 = time.monotonic()
-                try:
-                    got = WORKLOADS[w](spec, knobs)
-                except Exception as e:  # one broken system must not sink the others
-                    log(f"run {i + 1}: {spec.name} workload {w}: FAILED: {e}")
-                    continue
-                rows += got
-                log(f"run {i + 1}/{runs}: {spec.name} ({w}) {time.monotonic() - t0:.1f}s")
+                rows += _timed(
+                    f"run {i + 1}/{runs}: {spec.name} ({w})", log, WORKLOADS[w], spec, knobs
+                )
+        if "floor" in workloads:
+            from zdmq.bench.floor import workload_floor
+
+            for d in durabilities:
+                rows += _timed(f"run {i + 1}/{runs}: floor {d}", log, workload_floor, knobs, d)
+        if "scale" in workloads:
+            from zdmq.bench.scale import ScaleKnobs, workload_scale
+
+            scale = ScaleKnobs.quick() if knobs == Knobs.quick() else ScaleKnobs()
+            rows += _timed(f"run {i + 1}/{runs}: scale", log, workload_scale, scale)
         all_runs.append(rows)
         if after_run is not None:
             after_run(medians(all_runs))
     return medians(all_runs)
 
 
+def _timed(label: str, log: Any, fn: Any, *args: Any) -> list[Row]:
+    """One workload's rows; a failure is logged and gives none (one broken system must
+    not sink the others)."""
+    t0 = time.monotonic()
+    try:
+        got: list[Row] = fn(*args)
+    except Exception as e:
+        log(f"{label}: FAILED: {e}")
+        return []
+    log(f"{label} {time.monotonic() - t0:.1f}s")
+    return got
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="zdmq bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--workloads", default="abcd", help="letters of the workloads to run")
+    ap = argparse.ArgumentParser(
+        prog="zdmq bench",
+        description=__doc__.split("\n")[0],
+        epilog="workloads:\n" + "\n".join(f"  {name:<11} {about}" for name, about in ABOUT.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--workloads",
+        nargs="+",
+        default=list(DEFAULT_WORKLOADS),
+        metavar="NAME",
+        help=f"workloads to run, or 'all' (default: {' '.join(DEFAULT_WORKLOADS)})",
+    )
     ap.add_argument("--runs", type=int, default=1, help="runs; tables show medians")
     ap.add_argument("--nodes", type=int, nargs="+", default=[1], help="cluster sizes to start")
     ap.add_argument("--durability", nargs="+", default=["fsync"], choices=["fsync", "os"])
@@ -177,28 +224,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--only", nargs="+", help="only systems whose name contains one of these")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
-    ap.add_argument("--n", type=int, help="(a) messages per client")
-    ap.add_argument("--clients", type=int, nargs="+", help="(a) client counts")
-    ap.add_argument("--b-messages", type=int, help="(b) messages in all")
-    ap.add_argument("--c-rate", type=float, help="(c) messages per second")
-    ap.add_argument("--c-seconds", type=float, help="(c) seconds")
-    ap.add_argument("--sizes", type=int, nargs="+", help="(d) message sizes in bytes")
+    ap.add_argument("--seq-n", type=int, help="sequential: messages per client")
+    ap.add_argument("--seq-clients", type=int, nargs="+", help="sequential: client counts")
+    ap.add_argument("--messages", type=int, help="throughput: messages in all")
+    ap.add_argument("--latency-rate", type=float, help="latency: messages per second")
+    ap.add_argument("--latency-seconds", type=float, help="latency: seconds")
+    ap.add_argument("--sizes", type=int, nargs="+", help="sizes: message sizes in bytes")
+    ap.add_argument("--floor-n", type=int, help="floor: calls per row")
     ap.add_argument("--out", type=Path, default=Path("loadtest/results"), help="JSON folder")
     args = ap.parse_args(argv)
 
-    bad = set(args.workloads) - set(WORKLOADS)
+    workloads = list(ABOUT) if args.workloads == ["all"] else args.workloads
+    bad = [w for w in workloads if w not in ABOUT]
     if bad:
-        ap.error(f"unknown workloads {''.join(sorted(bad))}: choose from {''.join(WORKLOADS)}")
+        ap.error(f"unknown workloads {', '.join(bad)}: choose from {', '.join(ABOUT)} or all")
     knobs = Knobs.quick() if args.quick else Knobs()
     changes = {
-        "n": args.n,
-        "clients": tuple(args.clients) if args.clients else None,
-        "b_messages": args.b_messages,
-        "c_rate": args.c_rate,
-        "c_seconds": args.c_seconds,
+        "seq_n": args.seq_n,
+        "seq_clients": tuple(args.seq_clients) if args.seq_clients else None,
+        "messages": args.messages,
+        "latency_rate": args.latency_rate,
+        "latency_seconds": args.latency_seconds,
         "sizes": tuple(args.sizes) if args.sizes else None,
+        "floor_n": args.floor_n,
     }
-    knobs = Knobs(**{**knobs.__dict__, **{k: v for k, v in changes.items() if v is not None}})
+    knobs = replace(knobs, **{k: v for k, v in changes.items() if v is not None})
 
     with contextlib.ExitStack() as stack:
         if args.config:
@@ -248,7 +298,14 @@ def main(argv: list[str] | None = None) -> int:
             }
             path.write_text(json.dumps(doc, indent=1, default=str))
 
-        rows = run(systems, args.workloads, knobs, args.runs, after_run=save)
+        rows = run(
+            systems,
+            workloads,
+            knobs,
+            args.runs,
+            durabilities=tuple(args.durability),
+            after_run=save,
+        )
 
     print()
     print(format_tables(rows))

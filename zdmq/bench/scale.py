@@ -1,5 +1,7 @@
-"""Workload (e), scale: does an operation cost the same at any depth, queue count and
-cluster size? And what does a node hold in memory (issue 4, target 6)?
+"""The `scale` workload: does an operation cost the same at any depth, queue count and
+cluster size? What does a node hold in memory, and what does an idle cluster cost?
+
+    zdmq bench --workloads scale        or        python -m zdmq.bench.scale [--quick]
 
     depth    one 1-node cluster, one queue filled step by step to each depth (0, 10k,
              100k, 1M messages of 100 B, pushed in batches of 1000 by several clients
@@ -13,10 +15,14 @@ cluster size? And what does a node hold in memory (issue 4, target 6)?
              nodes' RSS after creating them. Measured twice: with the queues empty
              before the phase, then with 16 messages held in each (see
              `queue_count_rows` for why).
-    nodes    1, 2, 4, 8 node clusters: workload (a) with 1 client (seq push, seq
-             receive+ack) and workload (b) (4+4 batched), as `suite` runs them.
+    nodes    1, 2, 4, 8 node clusters: the sequential workload with 1 client (seq push,
+             seq receive+ack) and the throughput workload (4+4 batched), as `suite`
+             runs them.
+    idle     a fresh 4-node cluster holding 1, then 10,000 queues of 4 messages each
+             (so most nodes hold a UUID queue of most of them), left alone: the CPU
+             its nodes use while no client calls.
 
-Rows have the suite's shape (system, durability, workload "e", variant) and these
+Rows have the suite's shape (system, durability, workload "scale", variant) and these
 metrics, where present:
     push_rate, push_p99_ms, push_cpu_us      one-at-a-time pushes
     recv_rate, recv_p99_ms, recv_cpu_us      one-at-a-time receive + ack
@@ -27,10 +33,12 @@ metrics, where present:
                                              (a message's whole life) for queues
     rss_mb                                   the largest node's VmRSS (MiB) after the
                                              prefill (depth), after creating and filling
-                                             the queues (queues), after the workloads (nodes)
+                                             the queues (queues), after the workloads
+                                             (nodes), at the end of the idle window (idle)
     rss_idle_mb                              the same node's VmRSS when it had just started
-The lead's runner calls `workload_e(ScaleKnobs())`; `python -m zdmq.bench.scale` runs
-it alone.
+    idle_core_pct                            idle: CPU (user + system) of all the nodes
+                                             over the idle window, as % of one core
+`zdmq bench` calls `workload_scale(ScaleKnobs())` once per run, on zdmq alone.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from typing import Any
 
 from zdmq.bench.driver import SystemSpec
 from zdmq.bench.report import format_tables, medians
-from zdmq.bench.suite import Knobs, Row, workload_a, workload_b
+from zdmq.bench.suite import Knobs, Row, workload_sequential, workload_throughput
 from zdmq.bench.workloads import (
     cpu_seconds,
     make_body,
@@ -64,18 +72,19 @@ from zdmq.client import Client
 __all__ = [
     "ScaleKnobs",
     "depth_rows",
+    "idle_rows",
     "main",
     "memory_summary",
     "node_count_rows",
     "queue_count_rows",
     "rss_mb",
-    "workload_e",
+    "workload_scale",
 ]
 
 
 @dataclass(frozen=True)
 class ScaleKnobs:
-    """Sizes of workload (e); the defaults are the issue's, `quick()` is for tests."""
+    """Sizes of the scale workload; `quick()` is for smoke runs and tests."""
 
     depths: tuple[int, ...] = (0, 10_000, 100_000, 1_000_000)
     queue_counts: tuple[int, ...] = (1, 100, 1_000, 10_000)
@@ -95,7 +104,12 @@ class ScaleKnobs:
     queue_inflight: int = 32
     # queues: messages kept in every queue while measuring; 0 = the queues start empty
     queue_resident: tuple[int, ...] = (0, 16)
-    nodes_b_messages: int = 50_000  # nodes: workload (b), messages in all
+    nodes_b_messages: int = 50_000  # nodes: the throughput workload, messages in all
+    idle_queues: tuple[int, ...] = (1, 10_000)  # idle: queue counts; () skips the part
+    idle_nodes: int = 4
+    idle_per_queue: int = 4  # idle: messages pushed into each queue before the window
+    idle_settle_s: float = 6.0  # idle: wait after the pushes, before the window
+    idle_s: float = 10.0  # idle: seconds measured
 
     @classmethod
     def quick(cls) -> ScaleKnobs:
@@ -113,6 +127,9 @@ class ScaleKnobs:
             queue_resident=(0, 4),
             queue_inflight=8,
             nodes_b_messages=1_000,
+            idle_queues=(1, 20),
+            idle_settle_s=0.5,
+            idle_s=1.0,
         )
 
 
@@ -143,7 +160,7 @@ def _row(spec: SystemSpec, variant: str, **metrics: Any) -> Row:
     return {
         "system": spec.name,
         "durability": spec.durability,
-        "workload": "e",
+        "workload": "scale",
         "variant": variant,
         **metrics,
     }
@@ -159,7 +176,7 @@ def _count_label(n: int) -> str:
 @contextlib.contextmanager
 def _system(nodes: int, k: ScaleKnobs) -> Iterator[SystemSpec]:
     """A fresh local cluster of `nodes` nodes, as the spec of one system."""
-    # Imported here: the runner imports this module to run workload (e).
+    # Imported here: the runner imports this module to run the scale workload.
     from zdmq.bench.runner import zdmq_systems
 
     with zdmq_systems([nodes], [k.durability], k.replication) as specs:
@@ -403,22 +420,23 @@ def queue_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
 
 
 def node_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
-    """Workloads (a) with 1 client and (b) on clusters of 1 .. 8 nodes."""
+    """The sequential workload with 1 client and the throughput workload on clusters
+    of 1 .. 8 nodes."""
     rows: list[Row] = []
     knobs = replace(
         Knobs(),
-        n=k.seq_n,
-        clients=(1,),
-        b_messages=k.nodes_b_messages,
-        b_batch=k.batch,
-        b_inflight=k.inflight,
+        seq_n=k.seq_n,
+        seq_clients=(1,),
+        messages=k.nodes_b_messages,
+        batch=k.batch,
+        inflight=k.inflight,
         size=k.size,
     )
     for nodes in sorted(k.node_counts):
         with _system(nodes, k) as spec:
             idle = _max_rss(spec)
-            a = workload_a(spec, knobs)[0]
-            b = workload_b(spec, knobs)[0]
+            a = workload_sequential(spec, knobs)[0]
+            b = workload_throughput(spec, knobs)[0]
             rows.append(
                 _row(
                     spec,
@@ -439,12 +457,57 @@ def node_count_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
     return rows
 
 
+# ---- idle ---------------------------------------------------------------------------------
+
+
+def idle_rows(k: ScaleKnobs, *, log: Any = print) -> list[Row]:
+    """What a cluster that holds queues costs while nobody calls it.
+
+    For each count in `idle_queues`, a fresh cluster of `idle_nodes` nodes: create that
+    many queues, push `idle_per_queue` messages into each (spread over the nodes, so
+    most nodes hold a UUID queue of most of them), wait `idle_settle_s`, then read the
+    nodes' CPU (user + system, all node processes, from /proc) over `idle_s` seconds in
+    which no client calls. What it costs is the nodes' timers and background work per
+    queue they hold."""
+    rows: list[Row] = []
+    for count in sorted(k.idle_queues):
+        with _system(k.idle_nodes, k) as spec:
+            started = _max_rss(spec)
+            queues = [f"scale-idle-{i:06d}" for i in range(count)]
+            run_uvloop(_create_queues(spec, queues, k.queue_inflight))
+            if k.idle_per_queue > 0:
+                run_uvloop(_fill_queues(spec, queues, k.idle_per_queue, k))
+            time.sleep(k.idle_settle_s)
+            c0, t0 = cpu_seconds(spec.server_pids), time.monotonic()
+            time.sleep(k.idle_s)
+            cpu, wall = cpu_seconds(spec.server_pids) - c0, time.monotonic() - t0
+            rss = _max_rss(spec)
+            label = f"idle, {_count_label(count)} queue{'s' if count > 1 else ''}"
+            rows.append(
+                _row(
+                    spec,
+                    label,
+                    idle_core_pct=100 * cpu / wall,
+                    idle_cpu_s=cpu,
+                    idle_s=wall,
+                    queues=count,
+                    rss_mb=rss,
+                    rss_idle_mb=started,
+                )
+            )
+            log(
+                f"scale: {label} on {k.idle_nodes} nodes: {100 * cpu / wall:.1f}% of a core "
+                f"(RSS {rss:.0f} MB)"
+            )
+    return rows
+
+
 # ---- all of it ----------------------------------------------------------------------------
 
 
-def workload_e(knobs: ScaleKnobs | None = None, *, log: Any = print) -> list[Row]:
-    """Depth, queue count and node count rows, in that order (a part whose sizes are
-    empty is left out). Starts and stops clusters of its own."""
+def workload_scale(knobs: ScaleKnobs | None = None, *, log: Any = print) -> list[Row]:
+    """Depth, queue count, node count and idle rows, in that order (a part whose sizes
+    are empty is left out). Starts and stops clusters of its own."""
     k = knobs or ScaleKnobs()
     rows: list[Row] = []
     if k.depths:
@@ -453,30 +516,32 @@ def workload_e(knobs: ScaleKnobs | None = None, *, log: Any = print) -> list[Row
         rows += queue_count_rows(k, log=log)
     if k.node_counts:
         rows += node_count_rows(k, log=log)
+    if k.idle_queues:
+        rows += idle_rows(k, log=log)
     return rows
 
 
 def memory_summary(rows: list[Row]) -> str:
-    """Target 6 in words: idle RSS, and what the deepest queue added."""
+    """What the nodes hold, in words: a node's RSS when it has just started, what each
+    queue depth added to it, and the RSS of each queue count's largest node."""
     lines = []
     depth = [r for r in rows if r["variant"].startswith("depth ")]
     if depth:
         idle = depth[0]["rss_idle_mb"]
-        lines.append(f"memory: idle node {idle:.1f} MB RSS (target <= 60 MB)")
+        lines.append(f"memory: idle node {idle:.1f} MB RSS")
         for r in depth:
             if not r["depth"]:
                 continue
             added = r["rss_mb"] - idle
             lines.append(
                 f"memory: {r['depth']:>9,} messages queued: {r['rss_mb']:.1f} MB RSS, "
-                f"+{added:.1f} MB over idle ({added * 2**20 / r['depth']:.0f} B per message; "
-                "target: 1M add <= 150 MB)"
+                f"+{added:.1f} MB over idle ({added * 2**20 / r['depth']:.0f} B per message)"
             )
     for r in rows:
         if r["variant"].endswith(("queue", "queues")) or "held each" in r["variant"]:
             lines.append(
                 f"memory: {r['system']}, {r['variant']}: {r['rss_mb']:.1f} MB RSS "
-                f"(idle {r['rss_idle_mb']:.1f} MB)"
+                f"({r['rss_idle_mb']:.1f} MB when started)"
             )
     return "\n".join(lines)
 
@@ -493,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
         "--queue-resident", type=int, nargs="+", help="messages held per queue (0: empty)"
     )
     ap.add_argument("--nodes", type=int, nargs="*", help="cluster sizes; none: skip")
+    ap.add_argument(
+        "--idle-queues", type=int, nargs="*", help="queue counts of an idle cluster; none: skip"
+    )
     ap.add_argument("--seq-n", type=int, help="one-at-a-time calls per measurement")
     ap.add_argument("--durability", choices=["fsync", "os"])
     ap.add_argument("--runs", type=int, default=1, help="runs; tables show medians")
@@ -506,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         "queue_nodes": args.queue_nodes,
         "queue_resident": args.queue_resident,
         "node_counts": args.nodes,
+        "idle_queues": args.idle_queues,
         "seq_n": args.seq_n,
         "durability": args.durability,
     }
@@ -520,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.runs):
         if args.runs > 1:
             print(f"\nscale: run {i + 1} of {args.runs}")
-        runs.append(workload_e(k))
+        runs.append(workload_scale(k))
     rows = medians(runs) if args.runs > 1 else runs[0]
     print()
     print(format_tables(rows))

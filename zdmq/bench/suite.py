@@ -1,13 +1,14 @@
-"""The issue-4 workloads, each a sequence of phases on one system, and their rows.
+"""The workloads that run on every system, each a sequence of phases, and their rows.
 
-    a  RDSQ's: n messages per client pushed one at a time, each waiting for its
-       confirm; then received and acked one at a time. 1 and 4 clients.
-    b  best throughput: 4 producers pushing batches (several in flight) while 4
-       consumers receive and ack batches; rate = messages through / time.
-    c  latency: 1 producer at a fixed moderate rate, 1 consumer; push-to-delivery
-       p50 / p99.
-    d  size sweep: 100 B, 10 KiB, 1 MiB; one-at-a-time pushes and 1+1 batched
-       throughput at each size.
+    sequential  n messages per client pushed one at a time, each waiting for its
+                confirm; then received and acked one at a time (RDSQ's workload).
+                1 and 4 clients.
+    throughput  4 producers pushing batches (several in flight) while 4 consumers
+                receive and ack batches; rate = messages through / time.
+    latency     1 producer at a fixed moderate rate, 1 consumer; push-to-delivery
+                p50 / p99.
+    sizes       100 B, 10 KiB, 1 MiB: one-at-a-time pushes and 1+1 batched
+                throughput at each size.
 
 Every row carries the server CPU per message (µs of server user+system CPU while the
 phase ran, over the messages it moved) beside its rate, and the clients' CPU, because
@@ -24,7 +25,15 @@ from typing import Any
 from zdmq.bench.driver import SystemSpec
 from zdmq.bench.workloads import PhaseResult, reset_queue, run_phase
 
-__all__ = ["WORKLOADS", "Knobs", "Row"]
+__all__ = [
+    "WORKLOADS",
+    "Knobs",
+    "Row",
+    "workload_latency",
+    "workload_sequential",
+    "workload_sizes",
+    "workload_throughput",
+]
 
 Row = dict[str, Any]
 KiB = 1024
@@ -33,37 +42,39 @@ MiB = 1024 * 1024
 
 @dataclass(frozen=True)
 class Knobs:
-    """Sizes of every workload; the defaults are the issue's, `quick()` is for tests."""
+    """Sizes of every workload; `quick()` is for smoke runs and tests."""
 
-    n: int = 10_000  # a: messages per client
-    clients: tuple[int, ...] = (1, 4)  # a
-    b_producers: int = 4
-    b_consumers: int = 4
-    b_messages: int = 100_000  # b: in all
-    b_batch: int = 100
-    b_inflight: int = 4
-    c_rate: float = 1000.0  # c: messages/s
-    c_seconds: float = 10.0
-    sizes: tuple[int, ...] = (100, 10 * KiB, MiB)  # d
-    d_bytes: int = 64 * MiB  # d: bytes moved per size (capped by d_max)
-    d_max: int = 20_000
+    seq_n: int = 10_000  # sequential: messages per client
+    seq_clients: tuple[int, ...] = (1, 4)  # sequential
+    producers: int = 4  # throughput
+    consumers: int = 4
+    messages: int = 100_000  # throughput: in all
+    batch: int = 100  # throughput and sizes
+    inflight: int = 4  # batches in flight per client
+    latency_rate: float = 1000.0  # latency: messages/s
+    latency_seconds: float = 10.0
+    sizes: tuple[int, ...] = (100, 10 * KiB, MiB)  # sizes
+    size_bytes: int = 64 * MiB  # sizes: bytes moved per size (capped by size_max)
+    size_max: int = 20_000
     size: int = 100
+    floor_n: int = 3_000  # floor: one-at-a-time calls per row
 
     @classmethod
     def quick(cls) -> Knobs:
         return cls(
-            n=200,
-            clients=(1, 2),
-            b_producers=2,
-            b_consumers=2,
-            b_messages=2000,
-            b_batch=50,
-            b_inflight=2,
-            c_rate=200.0,
-            c_seconds=1.0,
+            seq_n=200,
+            seq_clients=(1, 2),
+            producers=2,
+            consumers=2,
+            messages=2000,
+            batch=50,
+            inflight=2,
+            latency_rate=200.0,
+            latency_seconds=1.0,
             sizes=(100, 10 * KiB),
-            d_bytes=1 * MiB,
-            d_max=500,
+            size_bytes=1 * MiB,
+            size_max=500,
+            floor_n=200,
         )
 
 
@@ -85,20 +96,20 @@ def _row(spec: SystemSpec, workload: str, variant: str, **metrics: Any) -> Row:
     }
 
 
-def workload_a(spec: SystemSpec, k: Knobs) -> list[Row]:
+def workload_sequential(spec: SystemSpec, k: Knobs) -> list[Row]:
     rows = []
-    for clients in k.clients:
+    for clients in k.seq_clients:
         q = _queue()
         reset_queue(spec, q)
-        push = run_phase(spec, q, [("push_seq", clients, {"n": k.n, "size": k.size})])
-        recv = run_phase(spec, q, [("recv_ack_seq", clients, {"n": k.n, "timeout_s": 300.0})])
+        push = run_phase(spec, q, [("push_seq", clients, {"n": k.seq_n, "size": k.size})])
+        recv = run_phase(spec, q, [("recv_ack_seq", clients, {"n": k.seq_n, "timeout_s": 300.0})])
         p, r = push.role("push_seq"), recv.role("recv_ack_seq")
         if r["msgs"] != p["msgs"]:
             raise RuntimeError(f"{spec.name}: pushed {p['msgs']} but received {r['msgs']}")
         rows.append(
             _row(
                 spec,
-                "a",
+                "sequential",
                 f"{clients} client{'s' if clients > 1 else ''}",
                 push_rate=p["rate"],
                 push_p50_ms=p["p50_ms"],
@@ -128,12 +139,12 @@ def _through(
             (
                 "produce_batched",
                 producers,
-                {"n": per, "size": size, "batch": batch, "inflight": k.b_inflight},
+                {"n": per, "size": size, "batch": batch, "inflight": k.inflight},
             ),
             (
                 "consume_batched",
                 consumers,
-                {"total": total, "batch": batch, "inflight": k.b_inflight, "timeout_s": 600.0},
+                {"total": total, "batch": batch, "inflight": k.inflight, "timeout_s": 600.0},
             ),
         ],
     )
@@ -143,17 +154,15 @@ def _through(
     return ph, prod, cons
 
 
-def workload_b(spec: SystemSpec, k: Knobs) -> list[Row]:
-    ph, prod, cons = _through(
-        spec, k, k.b_producers, k.b_consumers, k.size, k.b_messages, k.b_batch
-    )
+def workload_throughput(spec: SystemSpec, k: Knobs) -> list[Row]:
+    ph, prod, cons = _through(spec, k, k.producers, k.consumers, k.size, k.messages, k.batch)
     # Messages through per second: from the first client's start to the last consume.
     span = max(ph.wall_s, 1e-9)
     return [
         _row(
             spec,
-            "b",
-            f"{k.b_producers}+{k.b_consumers}",
+            "throughput",
+            f"{k.producers}+{k.consumers}",
             rate=cons["msgs"] / span,
             push_rate=prod["rate"],
             recv_rate=cons["rate"],
@@ -167,16 +176,16 @@ def workload_b(spec: SystemSpec, k: Knobs) -> list[Row]:
     ]
 
 
-def workload_c(spec: SystemSpec, k: Knobs) -> list[Row]:
+def workload_latency(spec: SystemSpec, k: Knobs) -> list[Row]:
     q = _queue()
     reset_queue(spec, q)
-    n = int(k.c_rate * k.c_seconds)
+    n = int(k.latency_rate * k.latency_seconds)
     ph = run_phase(
         spec,
         q,
         [
-            ("produce_paced", 1, {"rate": k.c_rate, "n": n, "size": k.size}),
-            ("consume_latency", 1, {"total": n, "batch": 10, "timeout_s": k.c_seconds + 60}),
+            ("produce_paced", 1, {"rate": k.latency_rate, "n": n, "size": k.size}),
+            ("consume_latency", 1, {"total": n, "batch": 10, "timeout_s": k.latency_seconds + 60}),
         ],
     )
     cons = ph.role("consume_latency")
@@ -185,8 +194,8 @@ def workload_c(spec: SystemSpec, k: Knobs) -> list[Row]:
     return [
         _row(
             spec,
-            "c",
-            f"{k.c_rate:g}/s",
+            "latency",
+            f"{k.latency_rate:g}/s",
             p50_ms=cons["p50_ms"],
             p99_ms=cons["p99_ms"],
             mean_ms=cons["mean_ms"],
@@ -195,11 +204,11 @@ def workload_c(spec: SystemSpec, k: Knobs) -> list[Row]:
     ]
 
 
-def workload_d(spec: SystemSpec, k: Knobs) -> list[Row]:
+def workload_sizes(spec: SystemSpec, k: Knobs) -> list[Row]:
     rows = []
     for size in k.sizes:
-        count = max(20, min(k.d_max, k.d_bytes // size))
-        batch = max(1, min(k.b_batch, (4 * MiB) // size))
+        count = max(20, min(k.size_max, k.size_bytes // size))
+        batch = max(1, min(k.batch, (4 * MiB) // size))
         q = _queue()
         reset_queue(spec, q)
         seq = run_phase(spec, q, [("push_seq", 1, {"n": min(count, 2000), "size": size})])
@@ -209,7 +218,7 @@ def workload_d(spec: SystemSpec, k: Knobs) -> list[Row]:
         rows.append(
             _row(
                 spec,
-                "d",
+                "sizes",
                 _size_label(size),
                 size=size,
                 seq_push_rate=s["rate"],
@@ -232,8 +241,8 @@ def _size_label(size: int) -> str:
 
 
 WORKLOADS: dict[str, Callable[[SystemSpec, Knobs], list[Row]]] = {
-    "a": workload_a,
-    "b": workload_b,
-    "c": workload_c,
-    "d": workload_d,
+    "sequential": workload_sequential,
+    "throughput": workload_throughput,
+    "latency": workload_latency,
+    "sizes": workload_sizes,
 }
