@@ -2,7 +2,7 @@
 zdmq.bench.scale`) write.
 
     .venv/bin/python loadtest/plot_bench.py loadtest/results/bench-XXXX.json [more.json ...] \
-        --out docs/img
+        --out docs/img --stem bench
 
 One PNG per workload present in the files: bars per system, hatched where the system
 does not flush to disk before it confirms, with the server CPU per message written on
@@ -61,38 +61,53 @@ def plot(rows: list[Row], out: Path, stem: str) -> list[Path]:
     written = []
     charts: list[tuple[str, list[tuple[str, str, str | None]], str]] = [
         (
-            "a",
+            "sequential",
             [
                 ("push_rate", "pushes/s, one at a time", "push_cpu_us"),
                 ("recv_rate", "receive+ack/s, one at a time", "recv_cpu_us"),
             ],
-            "(a) one at a time (µs: server CPU per message; hatched: no fsync before confirm)",
+            "sequential: one at a time (µs: server CPU per message; hatched: no fsync "
+            "before confirm)",
         ),
         (
-            "b",
+            "throughput",
             [("rate", "messages/s through, producers + consumers", "cpu_us")],
-            "(b) best throughput (µs: server CPU per message; hatched: no fsync)",
+            "throughput (µs: server CPU per message; hatched: no fsync before confirm)",
         ),
         (
-            "c",
+            "latency",
             [("p50_ms", "push-to-delivery p50 ms", None), ("p99_ms", "p99 ms", None)],
-            "(c) latency at a fixed rate (lower is better)",
+            "latency at a fixed rate (lower is better)",
         ),
-        ("d", [("mb_s", "MiB/s, 1 producer + 1 consumer", "cpu_us")], "(d) message size"),
+        ("sizes", [("mb_s", "MiB/s, 1 producer + 1 consumer", "cpu_us")], "message sizes"),
         (
-            "e",
+            "floor",
+            [("push_rate", "calls/s, one at a time", "push_cpu_us")],
+            "floor: one durable call without zdmq, beside zdmq's one-at-a-time push",
+        ),
+        (
+            "scale",
             [
                 ("push_rate", "pushes/s", None),
                 ("recv_rate", "receive+ack/s", None),
                 ("rate", "batched msgs/s", "cpu_us"),
             ],
-            "(e) scale (zdmq)",
+            "scale (zdmq alone)",
         ),
     ]
     for workload, panels, title in charts:
         mine = [r for r in rows if r["workload"] == workload]
         if not mine:
             continue
+        if workload == "floor":  # beside what zdmq's own one-at-a-time push does
+            mine += [
+                r
+                for r in rows
+                if r["workload"] == "sequential"
+                and r["variant"] == "1 client"
+                and r["system"].startswith("zdmq")
+                and not r["system"].endswith("consumer")
+            ]
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.8), squeeze=False)
         for ax, (metric, label, cpu) in zip(axes[0], panels, strict=True):
             _bars(ax, mine, metric, label, cpu)
@@ -105,12 +120,12 @@ def plot(rows: list[Row], out: Path, stem: str) -> list[Path]:
     return written
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=Path("docs/img"))
     ap.add_argument("--stem", default="bench")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows: list[Row] = []
     for f in args.files:
         rows += json.loads(f.read_text())["rows"]

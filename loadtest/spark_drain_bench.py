@@ -57,7 +57,7 @@ async def client_drain(cfg: Path, queue: str, concurrency: int) -> tuple[int, fl
         return done, seconds
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=3)
@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=8, help="client receive workers")
     ap.add_argument("--inflight", type=int, default=8, help="spark: receives in flight per task")
     ap.add_argument("--out", type=Path, default=Path("loadtest/results"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     samples: dict[str, list[float]] = {"client": [], "spark": []}
     with (
