@@ -1,5 +1,5 @@
 """At-least-once delivery on real 4-node clusters: leases, re-delivery, dead letters,
-idempotent pushes and long polls (issue 3's acceptance).
+idempotent pushes and long polls (docs/design.md §10 and §11).
 
 Most tests share the module's `cluster4` with unique queue names; a test that kills or
 restarts a node builds its own with `make_cluster`. Sleeps appear only where a test is
@@ -90,7 +90,7 @@ async def _raw_push(
     return arrived
 
 
-# ---- acceptance 1: a consumer killed with leases held ------------------------------------------
+# ---- a consumer killed with leases held -------------------------------------------------------
 async def test_every_message_a_kill_9ed_consumer_held_comes_back_after_the_visibility_timeout(
     cluster4: LocalCluster, client: Client
 ) -> None:
@@ -141,7 +141,7 @@ async def test_every_message_a_kill_9ed_consumer_held_comes_back_after_the_visib
     assert await client.receive(q, 100) == []
 
 
-# ---- acceptance 2: late acks, re-delivery and extension ---------------------------------------
+# ---- late acks, re-delivery and extension ----------------------------------------------------
 async def test_an_ack_after_the_lease_ran_out_reports_lease_expired_and_the_message_comes_back(
     client: Client,
 ) -> None:
@@ -190,7 +190,7 @@ async def test_an_extended_lease_outlives_its_first_deadline_and_then_acks(clien
     assert (await client.stats(q)).messages == 0
 
 
-# ---- acceptance 3: dead-letter queues --------------------------------------------------------
+# ---- dead-letter queues ---------------------------------------------------------------------
 async def test_a_message_nacked_on_every_delivery_moves_to_the_dead_letter_queue_after_exactly_3(
     client: Client,
 ) -> None:
@@ -257,7 +257,7 @@ async def test_a_message_whose_leases_keep_expiring_moves_to_the_dead_letter_que
     assert (await client.ack(dlq, [m.receipt for m in moved.values()])).done == n
 
 
-# ---- acceptance 4: idempotent pushes --------------------------------------------------------
+# ---- idempotent pushes ----------------------------------------------------------------------
 async def test_a_push_retried_five_times_with_one_dedup_id_is_delivered_once(
     cluster4: LocalCluster, client: Client, http: aiohttp.ClientSession
 ) -> None:
@@ -323,7 +323,7 @@ async def test_a_push_retried_five_times_with_one_dedup_id_is_delivered_once(
     assert (m.id, m.body) == (other_id, b"elsewhere")
 
 
-# ---- acceptance 5: long polls ---------------------------------------------------------------
+# ---- long polls -----------------------------------------------------------------------------
 async def _long_poll_wakes_within_100_ms(
     cluster4: LocalCluster,
     client: Client,

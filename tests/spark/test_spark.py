@@ -1,9 +1,10 @@
 """The Spark side against a real 4-node cluster and a real local SparkSession (local[2,2]).
 
-Covers issue 5's acceptance: the drain job (every id once, identical bodies; a task that
-fails on its first attempt), the streaming read (availableNow, stopped half way, restarted
-while producers push), the write (a retried task stores nothing twice), and the batch read
-with JSON decoding acked from its committed output.
+Pins the guarantees of docs/spark.md: the drain job (every id once, identical bodies; a
+task that fails on its first attempt; a killed worker; a failed job commit), the streaming
+read (availableNow, stopped half way, restarted while producers push), the write (a retried
+task stores nothing twice), and the batch read with JSON decoding acked from its committed
+output.
 """
 
 from __future__ import annotations

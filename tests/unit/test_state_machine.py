@@ -3,9 +3,10 @@
 `_NodeMachine` holds a real `NodeState` whose every planned op is committed to a real
 `SqliteStorage` (a file in a temp directory), and drives it with random push / receive /
 ack / nack / extend / pop / clock / monitor / restart steps. After every step it compares
-the node with `_Model`, a few plain dicts written from the delivery rules (SPEC section
-5, issue 3), not from zdmq's code. Where the rules leave an order open (messages that
-become ready at one moment), the model picks the node's tie-break and says so.
+the node with `_Model`, a few plain dicts written from the delivery rules below
+(docs/design.md §9 and §10), not from zdmq's code. Where the rules leave an order open
+(messages that become ready at one moment), the model picks the node's tie-break and
+says so.
 
 Queues: `jobs` dead-letters a message into `jobs-dlq` at the end of its 2nd delivery,
 `mail` at the end of its 1st; `jobs-dlq` requeues. The model's rules:
@@ -647,7 +648,7 @@ class TestTheQueueStateMachineMatchesTheReferenceModelOverLongRuns(_NodeMachine.
     settings = settings(_SETTINGS, max_examples=1500, stateful_step_count=100)
 
 
-# ---- fixed sequences, pinned: orders a reload once got wrong, or still does ------------------
+# ---- fixed sequences: ready orders that a restart must rebuild --------------------------------
 def _started() -> _NodeMachine:
     machine = _NodeMachine()
     machine.create_queues()
@@ -674,8 +675,8 @@ def test_messages_nacked_in_one_instant_keep_their_ready_order_through_a_restart
 
 def test_a_dead_lettered_message_queues_behind_one_whose_delay_ended_earlier() -> None:
     """A DLQ message whose delay ended at t=0.5 is ready ahead of a message moved into the
-    DLQ at t=1, as a reload orders them. (It failed while `requeue` moved a message to
-    the DLQ without waking due delayed messages first: live, the move landed ahead.)"""
+    DLQ at t=1, live and after a reload: `requeue` wakes due delayed messages before it
+    moves a message to the DLQ, so the live order is the one a reload rebuilds."""
     machine = _started()
     try:
         machine.push(queue=JOBS, dedup_key=None, batch=1, ctype=None)

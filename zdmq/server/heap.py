@@ -5,12 +5,12 @@ the frame codec's slices, SQLite's buffers, the reply. glibc serves a block that
 with mmap, or, once its dynamic threshold has risen past it, from the heap, and then
 hands the heap's free top back to the kernel as soon as more than twice the threshold
 is free. Either way the next body faults its pages in again: about 570 minor page
-faults per 1 MiB message through a node (session 7, docs/benchmarks.md).
+faults per 1 MiB message through a node with glibc's defaults.
 
 `keep_freed` raises both thresholds, so freed blocks stay in the process for the next
 body, and `release` gives the free memory back to the kernel (`malloc_trim`), which the
-node does once it has been idle for a second (`Node.monitor_once`). With a C library
-other than glibc both do nothing.
+node does once no message has moved for a housekeeping round (about a second) after some
+did (`Node.monitor_once`). With a C library other than glibc both do nothing.
 """
 
 from __future__ import annotations

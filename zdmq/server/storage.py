@@ -169,17 +169,18 @@ BODY_CACHE_BYTES = 8 << 20
 _ROW_BYTES = 320
 
 # Bodies longer than this are stored out of line, in table `bodies`. SQLite rewrites a
-# whole record on UPDATE, overflow pages included: a 1 MiB body in its message's row was
-# written to the WAL again by every lease, requeue and dead-letter (and the freed copy
-# zeroed, see secure_delete below). Out of line, the body is written once; a lease
+# whole record on UPDATE, overflow pages included: a 1 MiB body kept in its message's row
+# would be written to the WAL again by every lease, requeue and dead-letter (and the freed
+# copy zeroed, see secure_delete below). Out of line, the body is written once; a lease
 # rewrites only the leaf page of small rows it changes. Below a page a lease still
 # rewrites the page the row is on, and more rows share a page the smaller they are, so
 # the saving shrinks with the body while the cost (a second row to insert, read and
 # delete) stays. Measured on the storage alone (fsync; push, lease, ack of 64-message
-# batches; medians of 5-7, CPU spread +-2-7 us): 2 KiB bodies 31.6 -> 26.7 us CPU and
-# 8.5 -> 4.7 KiB of WAL a message, 4 KiB 42 -> 37 us and 8.5 -> 4.7 KiB, 10 KiB
-# 81 -> 55 us and 25 -> 13 KiB; from 0.5 to 1.5 KiB the CPU is the same within the
-# noise. So bodies above 2 KiB go out of line and the 100-byte path keeps its one row.
+# batches; medians of 5-7, CPU spread +-2-7 us), in the row against out of line: 2 KiB
+# bodies 31.6 against 26.7 us CPU and 8.5 against 4.7 KiB of WAL a message, 4 KiB 42
+# against 37 us and 8.5 against 4.7 KiB, 10 KiB 81 against 55 us and 25 against 13 KiB;
+# from 0.5 to 1.5 KiB the CPU is the same within the noise. So bodies above 2 KiB go out
+# of line and the 100-byte path keeps its one row.
 BODY_INLINE_MAX = 2048
 
 
@@ -293,8 +294,8 @@ class SqliteStorage(Storage):
         already has. Until then each commit makes the file longer, and an fdatasync that
         must also record a new size and new blocks takes much longer on this machine's
         disk (one-row commits, p50 of the first 1,000: ~320 µs growing, ~190 µs laid
-        out; loadtest/wal_presize.py). A node starts with an empty WAL (SQLite deletes it
-        on a clean close), so it would pay that on its first ~1,000 commits.
+        out; docs/design.md §8). A node starts with an empty WAL (SQLite deletes it on a
+        clean close), so it would pay that on its first ~1,000 commits.
 
         Everything is checkpointed into the database first (TRUNCATE), then the empty WAL
         is filled with zeros and synced: SQLite's next commit writes a fresh WAL header at
