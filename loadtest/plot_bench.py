@@ -1,5 +1,4 @@
-"""Charts for docs/benchmarks.md from the JSON `zdmq bench` (and `python -m
-zdmq.bench.scale`) write.
+"""Charts and tables for docs/benchmarks.md from the JSON `zdmq bench` writes.
 
     .venv/bin/python loadtest/plot_bench.py loadtest/results/bench-XXXX.json [more.json ...] \
         --out docs/img --stem bench
@@ -7,7 +6,8 @@ zdmq.bench.scale`) write.
 One PNG per workload present in the files: bars per system, hatched where the system
 does not flush to disk before it confirms, with the server CPU per message written on
 each bar (the clients share the 2 cores, so a rate alone can hide who did the work).
-Also prints the markdown tables (medians, ratios) for pasting into the docs.
+Also prints the markdown tables for the docs: one line per system (the README's table),
+then one table per workload with the zdmq ÷ peer ratios as columns.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from zdmq.bench.report import format_tables
+from zdmq.bench.report import doc_tables, summary_table
 
 Row = dict[str, Any]
 ZDMQ = "#1f6feb"
@@ -132,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in plot(rows, args.out, args.stem):
         print(f"wrote {p}")
     print()
-    print(format_tables(rows, markdown=True))
+    print(summary_table(rows))
+    print()
+    print(doc_tables(rows))
     return 0
 
 

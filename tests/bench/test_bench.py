@@ -16,7 +16,7 @@ import pytest
 
 from zdmq import Client
 from zdmq.bench.driver import SystemSpec
-from zdmq.bench.report import format_tables, medians, ratio_rows
+from zdmq.bench.report import doc_tables, format_tables, medians, ratio_rows
 from zdmq.bench.runner import main as bench_main
 from zdmq.bench.runner import zdmq_systems
 from zdmq.bench.suite import Knobs, workload_sequential, workload_throughput
@@ -178,6 +178,12 @@ def test_ratios_compare_like_durability_and_say_above_one_when_zdmq_is_ahead() -
     assert everysec["push_p50_ms"] == pytest.approx(0.5)
     table = format_tables(rows, markdown=True)
     assert "| zdmq fsync / redis list always | fsync | 1 client | 2.00 | 2.00 |" in table
+    # The docs' tables carry the same ratios as columns, empty on zdmq's own rows.
+    doc = doc_tables(rows).splitlines()
+    assert doc[2].endswith("| zdmq ÷ row, push/s | zdmq ÷ row, recv+ack/s |")
+    [zdmq_line] = [line for line in doc if line.startswith("| zdmq fsync |")]
+    [redis_line] = [line for line in doc if line.startswith("| redis list everysec |")]
+    assert zdmq_line.endswith("|  |  |") and redis_line.endswith("| 0.50 |  |")
 
 
 def test_a_spec_names_its_driver_by_import_path_and_pickles() -> None:

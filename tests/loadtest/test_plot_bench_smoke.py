@@ -1,5 +1,5 @@
 """loadtest/plot_bench.py on the JSON `zdmq bench` writes: a chart per workload present,
-the floor chart beside zdmq's one-at-a-time push, and the markdown tables."""
+the floor chart beside zdmq's one-at-a-time push, the summary and the workload tables."""
 
 from __future__ import annotations
 
@@ -82,5 +82,9 @@ def test_plot_bench_draws_each_workload_and_prints_its_tables(tmp_path: Path) ->
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["t-floor.png", "t-sequential.png", "t-throughput.png"]
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
-    # The ratio table: zdmq fsync / redis list always, push/s 2500 / 2400.
-    assert "| zdmq fsync / redis list always | fsync | 1 client | 1.04 |" in proc.stdout
+    # The summary: one line per system, the throughput ratio last (30000 / 31000).
+    assert "| redis list always | yes | 2,400 (0.40) | 1,200 | 31,000 (5) | - / - | - | 0.97 |" in (
+        proc.stdout
+    )
+    # The workload tables: zdmq ÷ row as columns, push/s 2500 / 2400, recv 990 / 1200.
+    assert "| 20 | 1,200 | - | - | 30 | 1.04 | 0.82 |" in proc.stdout

@@ -1,4 +1,9 @@
-"""Medians over runs, the printed tables, and the zdmq / peer ratios."""
+"""Medians over runs, the printed tables, and the zdmq / peer ratios.
+
+`format_tables` is what `zdmq bench` prints: a table per workload, then its ratios.
+`doc_tables` is the same rows for docs/benchmarks.md, the ratios as columns of each
+table, and `summary_table` the one-line-per-system table the README opens with.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["COLUMNS", "format_tables", "medians", "ratio_rows"]
+__all__ = ["COLUMNS", "doc_tables", "format_tables", "medians", "ratio_rows", "summary_table"]
 
 Row = dict[str, Any]
 _KEY = ("system", "durability", "workload", "variant")
@@ -63,6 +68,13 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("rss_mb", "RSS MB", ".0f"),
         ("idle_core_pct", "idle % core", ".1f"),
     ],
+}
+# The metrics whose zdmq / peer ratio `doc_tables` shows as a column of its own.
+RATIO_METRICS: dict[str, tuple[str, ...]] = {
+    "sequential": ("push_rate", "recv_rate"),
+    "throughput": ("rate",),
+    "latency": ("p50_ms", "p99_ms"),
+    "sizes": ("rate", "seq_push_rate"),
 }
 # Latency-like metrics: smaller is better, so the ratio is peer / zdmq.
 _LOWER_IS_BETTER = ("_ms", "cpu_us")
@@ -205,3 +217,80 @@ def _table(title: str, head: list[str], body: list[list[str]], markdown: bool) -
             )
         )
     return "\n".join(lines)
+
+
+def doc_tables(rows: list[Row]) -> str:
+    """One markdown table per workload: every row's metrics, then a `zdmq ÷` column for
+    each of the workload's RATIO_METRICS (> 1: zdmq ahead; empty on zdmq's own rows)."""
+    ratios = {tuple(r[k] for k in _KEY): r for r in ratio_rows(rows)}
+    parts = []
+    for workload, cols in COLUMNS.items():
+        mine = [r for r in rows if r["workload"] == workload]
+        if not mine:
+            continue
+        headers = dict((m, h) for m, h, _ in cols)
+        extra = RATIO_METRICS.get(workload, ())
+        head = ["system", "durability", "variant", *(h for _, h, _ in cols)]
+        head += [f"zdmq ÷ row, {headers[m]}" for m in extra]
+        body = []
+        for r in mine:
+            line = [r["system"], r["durability"], r["variant"]]
+            line += [_fmt(r.get(m), f) for m, _, f in cols]
+            ratio = ratios.get(tuple(r[k] for k in _KEY), {})
+            line += [_fmt(ratio.get(m), ".2f") if m in ratio else "" for m in extra]
+            body.append(line)
+        parts.append(_table(TITLES[workload], head, body, True))
+    return "\n\n".join(parts)
+
+
+def summary_table(rows: list[Row]) -> str:
+    """One markdown line per system: one-at-a-time push (1 client) and receive+ack, the
+    throughput workload with its server CPU per message, latency p50/p99, 1 MiB
+    messages; the last column is the throughput ratio zdmq ÷ system (same durability)."""
+    by: dict[tuple[str, str, str], Row] = {}
+    systems: list[str] = []
+    for r in rows:
+        by[(r["system"], r["workload"], r["variant"])] = r
+        if r["workload"] in RATIO_METRICS and r["system"] not in systems:
+            systems.append(r["system"])
+    ratios = {(r["system"], r["workload"], r["variant"]): r for r in ratio_rows(rows)}
+
+    def get(system: str, workload: str, variant: str | None, metric: str) -> Any:
+        for (s, w, v), r in by.items():
+            if s == system and w == workload and (variant is None or v == variant):
+                return r.get(metric)
+        return None
+
+    head = [
+        "system",
+        "fsync before confirm",
+        "push/s one at a time (p50 ms)",
+        "receive+ack/s one at a time",
+        "msgs/s through, batched (server µs/msg)",
+        "delivery p50 / p99 ms",
+        "1 MiB msgs: MiB/s",
+        "zdmq ÷ system, msgs/s through",
+    ]
+    body = []
+    for system in systems:
+        durability = next(r["durability"] for r in rows if r["system"] == system)
+        ratio = next(
+            (r.get("rate") for (s, w, _), r in ratios.items() if s == system and w == "throughput"),
+            None,
+        )
+        body.append(
+            [
+                system,
+                "yes" if durability == "fsync" else "no",
+                f"{_fmt(get(system, 'sequential', '1 client', 'push_rate'), ',.0f')} "
+                f"({_fmt(get(system, 'sequential', '1 client', 'push_p50_ms'), '.2f')})",
+                _fmt(get(system, "sequential", "1 client", "recv_rate"), ",.0f"),
+                f"{_fmt(get(system, 'throughput', None, 'rate'), ',.0f')} "
+                f"({_fmt(get(system, 'throughput', None, 'cpu_us'), '.0f')})",
+                f"{_fmt(get(system, 'latency', None, 'p50_ms'), '.2f')} / "
+                f"{_fmt(get(system, 'latency', None, 'p99_ms'), '.2f')}",
+                _fmt(get(system, "sizes", "1 MiB", "mb_s"), ",.1f"),
+                _fmt(ratio, ".2f") if ratio is not None else "",
+            ]
+        )
+    return _table("every system, one run", head, body, True)

@@ -154,8 +154,9 @@ class OwnerBatches:
     """Calls of one kind to metadata owners, batched per owner: one call in flight to
     each owner at a time, and every item added meanwhile (one per queue) goes with the
     next call. Under load that is a call per round trip rather than per queue: many
-    sparse queues registering, unregistering or turning non-empty at once (workload (e),
-    docs/benchmarks.md) cost a request and a commit per batch on the owner.
+    sparse queues registering, unregistering or turning non-empty at once (the scale
+    workload's sparse rows, docs/benchmarks.md) cost a request and a commit per batch on
+    the owner.
 
     `send(owner, {queue: value})` makes the call and returns a result per queue (or the
     exception that queue failed with); an exception it raises fails the whole batch.
