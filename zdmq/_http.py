@@ -2,7 +2,7 @@
 
 Why not aiohttp's client: on this 2-core machine a sequential call through
 `aiohttp.ClientSession` costs about 120 µs of client CPU more than the same call on a
-plain asyncio protocol (docs/benchmarks.md, "HTTP stack"), and one-at-a-time pushes
+plain asyncio protocol (docs/design.md §13), and one-at-a-time pushes
 are what RDSQ's workload measures. This module speaks just the HTTP/1.1 a client
 needs: keep-alive connections per host (at most `limit_per_host` at once), requests
 with a Content-Length body, and replies framed by Content-Length, chunked encoding

@@ -2,7 +2,7 @@
 
 Why not aiohttp's server: a node answers small requests one at a time for most of its
 life, and on this machine aiohttp's request pipeline costs about 75 µs of CPU per call
-more than this module (docs/benchmarks.md, "HTTP stack"). What a zdmq node needs of
+more than this module (docs/design.md §13). What a zdmq node needs of
 HTTP is small and fixed:
 
 - keep-alive connections (HTTP/1.1 by default, HTTP/1.0 when asked), requests handled
