@@ -1,4 +1,4 @@
-"""Smoke tests of loadtest/profile.py: a quick workload on a fresh one-node cluster, with
+"""Smoke tests of loadtest/profile_workload.py: a quick workload on a fresh one-node cluster, with
 py-spy on the node, with pyinstrument in the clients, and with no profiler."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from zdmq.bench.suite import Knobs
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "loadtest" / "profile.py"
+SCRIPT = ROOT / "loadtest" / "profile_workload.py"
 PY_SPY = Path(sys.executable).with_name("py-spy")
 
 

@@ -1,19 +1,24 @@
 """Profile one `zdmq bench` workload on a fresh local cluster, and count what it cost.
 
-    .venv/bin/python loadtest/profile.py WORKLOAD [--nodes 1] [--durability fsync|os|memory]
-        [--profiler py-spy|pyinstrument|none] [--target node|client] [--mode cpu|wall]
-        [--rate 500] [--quick] [--top 25] [--out DIR] [knob overrides: --messages N ...]
+    .venv/bin/python loadtest/profile_workload.py WORKLOAD [--nodes 1]
+        [--durability fsync|os|memory] [--profiler py-spy|pyinstrument|none]
+        [--target node|client] [--mode cpu|wall] [--rate 500] [--quick] [--top 25]
+        [--out DIR] [knob overrides: --messages N ...]
 
     # one-at-a-time pushes (then receive+ack), 1 client: where a node's push goes
-    .venv/bin/python loadtest/profile.py sequential --seq-clients 1 --seq-n 5000
+    .venv/bin/python loadtest/profile_workload.py sequential --seq-clients 1 --seq-n 5000
     # 4 producers + 4 consumers, batches of 100 (the node's batch path)
-    .venv/bin/python loadtest/profile.py throughput
+    .venv/bin/python loadtest/profile_workload.py throughput
     # 1 MiB messages
-    .venv/bin/python loadtest/profile.py sizes --sizes 1048576
+    .venv/bin/python loadtest/profile_workload.py sizes --sizes 1048576
     # a 4-node cluster (node n1 is profiled; CPU and system calls count all four)
-    .venv/bin/python loadtest/profile.py throughput --nodes 4
+    .venv/bin/python loadtest/profile_workload.py throughput --nodes 4
     # the client processes instead of the node; wall clock, fsync left out
-    .venv/bin/python loadtest/profile.py throughput --target client --mode wall --durability memory
+    .venv/bin/python loadtest/profile_workload.py throughput --target client --mode wall \
+        --durability memory
+
+(Not `profile.py`: a script's folder comes first on sys.path, and a `profile` there
+would shadow the standard library's, which cProfile and PySpark import.)
 
 WORKLOAD is a name of `zdmq.bench.suite.WORKLOADS`; it runs once, with `Knobs()` (or
 `Knobs.quick()` with --quick) and any knob given on the command line (every field of
