@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,61 @@ def _bars(ax: Any, rows: list[Row], metric: str, label: str, cpu: str | None) ->
     ax.grid(axis="y", alpha=0.3)
 
 
+def _scale_chart(rows: list[Row], path: Path) -> Path:
+    """Server CPU per message against queue depth, queue count and node count: a flat
+    line is an operation whose cost does not grow with that size."""
+    costs = [
+        ("push_cpu_us", "push, one at a time"),
+        ("recv_cpu_us", "receive+ack, one at a time"),
+        ("cpu_us", "batched, 4+4"),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    depth = [r for r in rows if r["variant"].startswith("depth ")]
+    for metric, label in costs:
+        if depth:
+            axes[0].plot(
+                [r["variant"][6:] for r in depth], [r.get(metric) for r in depth], "o-", label=label
+            )
+    axes[0].set_xlabel("messages in the queue (1 node)")
+    count_rows = [
+        r for r in rows if re.fullmatch(r"[\d,]+ queues?(, \d+ held each)?", r["variant"])
+    ]
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in count_rows:
+        n = int(r["variant"].split(" ")[0].replace(",", ""))
+        held = "held" in r["variant"]
+        cluster = r["system"].removeprefix("zdmq").removesuffix("fsync").strip() or "1 node"
+        name = f"{cluster}, {'16 held per queue' if held else 'empty before'}"
+        series.setdefault(name, []).append((n, r["cpu_us"]))
+    for name, points in series.items():
+        points.sort()
+        axes[1].plot([n for n, _ in points], [c for _, c in points], "o-", label=name)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("queues (a message's push + receive + ack)")
+    nodes = [r for r in rows if re.fullmatch(r"\d+ nodes?", r["variant"])]
+    for metric, label in costs:
+        if nodes:
+            axes[2].plot(
+                [int(r["variant"].split()[0]) for r in nodes],
+                [r.get(metric) for r in nodes],
+                "o-",
+                label=label,
+            )
+    axes[2].set_xlabel("nodes")
+    for ax in axes:
+        ax.set_ylabel("server CPU µs per message")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    idle = [r for r in rows if r["variant"].startswith("idle")]
+    note = "; ".join(f"{r['variant']}: {r['idle_core_pct']:.1f} % of a core" for r in idle)
+    fig.suptitle("scale (zdmq alone)" + (f"; {note}" if note else ""), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot(rows: list[Row], out: Path, stem: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -85,16 +141,10 @@ def plot(rows: list[Row], out: Path, stem: str) -> list[Path]:
             [("push_rate", "calls/s, one at a time", "push_cpu_us")],
             "floor: one durable call without zdmq, beside zdmq's one-at-a-time push",
         ),
-        (
-            "scale",
-            [
-                ("push_rate", "pushes/s", None),
-                ("recv_rate", "receive+ack/s", None),
-                ("rate", "batched msgs/s", "cpu_us"),
-            ],
-            "scale (zdmq alone)",
-        ),
     ]
+    scale = [r for r in rows if r["workload"] == "scale"]
+    if scale:
+        written.append(_scale_chart(scale, out / f"{stem}-scale.png"))
     for workload, panels, title in charts:
         mine = [r for r in rows if r["workload"] == workload]
         if not mine:
@@ -131,10 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         rows += json.loads(f.read_text())["rows"]
     for p in plot(rows, args.out, args.stem):
         print(f"wrote {p}")
-    print()
-    print(summary_table(rows))
-    print()
-    print(doc_tables(rows))
+    for table in (summary_table(rows), doc_tables(rows)):
+        if table:
+            print()
+            print(table)
     return 0
 
 

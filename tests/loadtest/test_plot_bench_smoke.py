@@ -61,6 +61,16 @@ def test_plot_bench_draws_each_workload_and_prints_its_tables(tmp_path: Path) ->
             push_cpu_us=20.0,
         ),
     ]
+    costs = {"push_cpu_us": 300.0, "recv_cpu_us": 700.0, "cpu_us": 50.0}
+    rows += [
+        _row("zdmq fsync", "fsync", "scale", "depth 0", depth=0, **costs),
+        _row("zdmq fsync", "fsync", "scale", "depth 10k", depth=10_000, **costs),
+        _row("zdmq fsync", "fsync", "scale", "1 queue", push_rate=6000.0, cpu_us=510.0),
+        _row("zdmq 4 nodes fsync", "fsync", "scale", "10,000 queues, 16 held each", cpu_us=900.0),
+        _row("zdmq fsync", "fsync", "scale", "1 node", **costs),
+        _row("zdmq 4 nodes fsync", "fsync", "scale", "4 nodes", **costs),
+        _row("zdmq 4 nodes fsync", "fsync", "scale", "idle, 1 queue", idle_core_pct=1.8),
+    ]
     data = tmp_path / "bench-x.json"
     data.write_text(json.dumps({"rows": rows}))
     out = tmp_path / "img"
@@ -80,7 +90,7 @@ def test_plot_bench_draws_each_workload_and_prints_its_tables(tmp_path: Path) ->
     )
     assert proc.returncode == 0, proc.stderr
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["t-floor.png", "t-sequential.png", "t-throughput.png"]
+    assert pngs == ["t-floor.png", "t-scale.png", "t-sequential.png", "t-throughput.png"]
     assert all((out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     # The summary: one line per system, the throughput ratio last (30000 / 31000).
     assert "| redis list always | yes | 2,400 (0.40) | 1,200 | 31,000 (5) | - / - | - | 0.97 |" in (
@@ -88,3 +98,5 @@ def test_plot_bench_draws_each_workload_and_prints_its_tables(tmp_path: Path) ->
     )
     # The workload tables: zdmq ÷ row as columns, push/s 2500 / 2400, recv 990 / 1200.
     assert "| 20 | 1,200 | - | - | 30 | 1.04 | 0.82 |" in proc.stdout
+    # Scale has its table too (the chart plots CPU per message against each size).
+    assert "| zdmq 4 nodes fsync | fsync | idle, 1 queue |" in proc.stdout

@@ -246,7 +246,8 @@ def doc_tables(rows: list[Row]) -> str:
 def summary_table(rows: list[Row]) -> str:
     """One markdown line per system: one-at-a-time push (1 client) and receive+ack, the
     throughput workload with its server CPU per message, latency p50/p99, 1 MiB
-    messages; the last column is the throughput ratio zdmq ÷ system (same durability)."""
+    messages; the last column is the throughput ratio zdmq ÷ system (same durability).
+    Empty when no row is of those workloads."""
     by: dict[tuple[str, str, str], Row] = {}
     systems: list[str] = []
     for r in rows:
@@ -261,6 +262,8 @@ def summary_table(rows: list[Row]) -> str:
                 return r.get(metric)
         return None
 
+    if not systems:
+        return ""
     head = [
         "system",
         "fsync before confirm",
