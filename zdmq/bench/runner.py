@@ -46,7 +46,7 @@ ABOUT = {
     "floor": "this machine without zdmq: one fsynced SQLite commit, a bare HTTP round trip, "
     "both together",
     "scale": "zdmq alone: queue depth up to 1M, up to 10k queues, 1 to 8 nodes, idle cost, "
-    "memory (about 15 min)",
+    "memory (about 10 min)",
 }
 PER_SYSTEM = tuple(WORKLOADS)
 DEFAULT_WORKLOADS = (*PER_SYSTEM, "floor")
