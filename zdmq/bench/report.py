@@ -248,19 +248,21 @@ def summary_table(rows: list[Row]) -> str:
     throughput workload with its server CPU per message, latency p50/p99, 1 MiB
     messages; the last column is the throughput ratio zdmq ÷ system (same durability).
     Empty when no row is of those workloads."""
-    by: dict[tuple[str, str, str], Row] = {}
-    systems: list[str] = []
-    for r in rows:
-        by[(r["system"], r["workload"], r["variant"])] = r
-        if r["workload"] in RATIO_METRICS and r["system"] not in systems:
-            systems.append(r["system"])
-    ratios = {(r["system"], r["workload"], r["variant"]): r for r in ratio_rows(rows)}
+    systems = list(dict.fromkeys(r["system"] for r in rows if r["workload"] in RATIO_METRICS))
+    ratios = [r for r in ratio_rows(rows) if r["workload"] == "throughput"]
 
     def get(system: str, workload: str, variant: str | None, metric: str) -> Any:
-        for (s, w, v), r in by.items():
-            if s == system and w == workload and (variant is None or v == variant):
-                return r.get(metric)
-        return None
+        """`metric` of the system's first row of `workload` (and `variant`, if given)."""
+        return next(
+            (
+                r.get(metric)
+                for r in rows
+                if r["system"] == system
+                and r["workload"] == workload
+                and variant in (None, r["variant"])
+            ),
+            None,
+        )
 
     if not systems:
         return ""
@@ -277,10 +279,7 @@ def summary_table(rows: list[Row]) -> str:
     body = []
     for system in systems:
         durability = next(r["durability"] for r in rows if r["system"] == system)
-        ratio = next(
-            (r.get("rate") for (s, w, _), r in ratios.items() if s == system and w == "throughput"),
-            None,
-        )
+        ratio = next((r.get("rate") for r in ratios if r["system"] == system), None)
         body.append(
             [
                 system,
