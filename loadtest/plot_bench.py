@@ -57,22 +57,27 @@ def _bars(ax: Any, rows: list[Row], metric: str, label: str, cpu: str | None) ->
     ax.grid(axis="y", alpha=0.3)
 
 
+_COSTS = [
+    ("push_cpu_us", "push, one at a time"),
+    ("recv_cpu_us", "receive+ack, one at a time"),
+    ("cpu_us", "batched, 4+4"),
+]
+
+
+def _cost_lines(ax: Any, rows: list[Row], xs: list[Any], xlabel: str) -> None:
+    """One line per kind of operation: its server CPU per message at each x."""
+    for metric, label in _COSTS:
+        ax.plot(xs, [r.get(metric) for r in rows], "o-", label=label)
+    ax.set_xlabel(xlabel)
+
+
 def _scale_chart(rows: list[Row], path: Path) -> Path:
     """Server CPU per message against queue depth, queue count and node count: a flat
     line is an operation whose cost does not grow with that size."""
-    costs = [
-        ("push_cpu_us", "push, one at a time"),
-        ("recv_cpu_us", "receive+ack, one at a time"),
-        ("cpu_us", "batched, 4+4"),
-    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     depth = [r for r in rows if r["variant"].startswith("depth ")]
-    for metric, label in costs:
-        if depth:
-            axes[0].plot(
-                [r["variant"][6:] for r in depth], [r.get(metric) for r in depth], "o-", label=label
-            )
-    axes[0].set_xlabel("messages in the queue (1 node)")
+    xs = [r["variant"].removeprefix("depth ") for r in depth]
+    _cost_lines(axes[0], depth, xs, "messages in the queue (1 node)")
     count_rows = [
         r for r in rows if re.fullmatch(r"[\d,]+ queues?(, \d+ held each)?", r["variant"])
     ]
@@ -89,15 +94,7 @@ def _scale_chart(rows: list[Row], path: Path) -> Path:
     axes[1].set_xscale("log")
     axes[1].set_xlabel("queues (a message's push + receive + ack)")
     nodes = [r for r in rows if re.fullmatch(r"\d+ nodes?", r["variant"])]
-    for metric, label in costs:
-        if nodes:
-            axes[2].plot(
-                [int(r["variant"].split()[0]) for r in nodes],
-                [r.get(metric) for r in nodes],
-                "o-",
-                label=label,
-            )
-    axes[2].set_xlabel("nodes")
+    _cost_lines(axes[2], nodes, [int(r["variant"].split()[0]) for r in nodes], "nodes")
     for ax in axes:
         ax.set_ylabel("server CPU µs per message")
         ax.set_ylim(bottom=0)
