@@ -18,7 +18,10 @@ connections are dropped after `idle_s`, well before a node's own keep-alive limi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -617,7 +620,21 @@ def _close(conn: _Conn) -> None:
         conn.transport.close()
 
 
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+
+
 def _closed(conn: _Conn) -> _Conn:
+    """Closes the connection of a call that did not get its reply (it timed out, was
+    cancelled or failed) with a reset rather than a FIN: a node cannot tell a FIN from
+    a caller that only stopped sending and still waits for its reply, so it would run
+    the call and answer nobody; a reset tells it the caller is gone, and a pop or
+    receive it has not begun takes nothing."""
+    t = conn.transport
+    if t is not None and not conn.closed:
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
     _close(conn)
     return conn
 

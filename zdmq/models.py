@@ -48,11 +48,20 @@ __all__ = [
     "new_message_ids",
     "parse_receipt",
     "received_from_wire",
+    "validate_content_type",
     "validate_message_id",
     "validate_queue_name",
 ]
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+# A media type as RFC 9110 §8.3.1 writes it: type "/" subtype *( OWS ";" OWS parameter ),
+# parameter = token "=" ( token / quoted-string ), in visible ASCII and spaces only (no
+# tabs, which RFC 9110 allows). A message's content type goes back out as a reply
+# header, so nothing else may be stored.
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
+_MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?: *; *{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))*")
+MAX_CONTENT_TYPE_CHARS = 256
 ENCODINGS = ("utf-8", "base64")
 
 
@@ -199,6 +208,19 @@ def validate_queue_name(name: Any) -> str:
         # URL paths normalise these away: /v1/queues/.. could never reach the queue.
         raise InvalidQueueName(f"queue name {name!r} is reserved (a URL path segment)")
     return name
+
+
+def validate_content_type(value: Any) -> str:
+    """`value` if it is a media type a reply header can carry as it is (`_MEDIA_TYPE`, at
+    most MAX_CONTENT_TYPE_CHARS characters); InvalidMessage otherwise."""
+    ok = isinstance(value, str) and len(value) <= MAX_CONTENT_TYPE_CHARS
+    if ok and _MEDIA_TYPE.fullmatch(value):
+        return value
+    shown = repr(value[:80] if isinstance(value, str) else value)
+    raise InvalidMessage(
+        f"content_type {shown}: expected a media type such as 'text/plain; charset=utf-8' "
+        f"(visible ASCII and spaces, at most {MAX_CONTENT_TYPE_CHARS} characters)"
+    )
 
 
 _urandom = os.urandom

@@ -1,11 +1,15 @@
-"""The client's batch splitting: every push_many request stays within both limits."""
+"""The client's checks before it sends: push_many's batch splitting keeps every request
+within both limits, and push refuses a content type that is not a media type."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from zdmq import Client, ClusterConfig
 from zdmq.client.client import _batches, _item_bytes, _push_frame
+from zdmq.errors import InvalidMessage
 from zdmq.models import decode_batch
 
 
@@ -40,3 +44,13 @@ def test_the_size_bound_of_an_item_covers_its_content_type_and_dedup_id() -> Non
 
 def test_no_items_make_no_batches() -> None:
     assert list(_batches([], 10, 1000)) == []
+
+
+async def test_push_refuses_a_content_type_that_is_not_a_media_type_before_sending() -> None:
+    # Nothing listens on port 9 (discard): a request sent would fail as NodeUnavailable.
+    config = ClusterConfig.from_dict(
+        {"nodes": [{"id": "n1", "host": "127.0.0.1", "port": 9}], "replication": 1}
+    )
+    async with Client(config=config) as c:
+        with pytest.raises(InvalidMessage, match="content_type"):
+            await c.push("q", b"x", content_type="text/plain\r\nX-Forged: 1")

@@ -792,3 +792,33 @@ async def test_a_closed_pool_closes_its_idle_connections_and_refuses_calls() -> 
         assert peer.closed_by_client == 1
         with pytest.raises(RuntimeError, match="closed"):
             await call(pool, "GET", peer.url)
+
+
+async def test_a_call_that_times_out_resets_its_connection_so_the_server_sees_the_caller_gone() -> (
+    None
+):
+    # A FIN could be a caller that only stopped sending and still waits for its reply;
+    # a reset is unmistakable, so a node does not run an abandoned pop for nobody.
+    seen: asyncio.Future[bytes | str] = asyncio.get_running_loop().create_future()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the request; no reply
+        try:
+            rest = await reader.read()
+            seen.set_result(rest)
+        except ConnectionResetError:
+            seen.set_result("reset")
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = HttpPool(timeout_s=0.2)
+    try:
+        with pytest.raises(NodeUnavailable):
+            await call(pool, "POST", f"http://127.0.0.1:{port}/v1/queues/q/pop")
+        async with asyncio.timeout(WAIT_S):
+            assert await seen == "reset"
+    finally:
+        await pool.close()
+        server.close()
+        await server.wait_closed()

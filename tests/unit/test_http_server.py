@@ -15,6 +15,7 @@ import logging
 import random
 import shutil
 import socket
+import struct
 import sys
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -376,19 +377,40 @@ async def test_pipelined_bodies_beyond_the_read_buffer_are_all_answered(served: 
     writer.close()
 
 
-async def test_a_half_close_counts_as_a_hang_up(served: Served) -> None:
-    # The server cannot tell a client that shut down only its sending side (as `nc -N`
-    # does) from one that hung up, and the module promises handlers that
-    # `transport.is_closing()` turns true when the caller is gone: so a request followed
-    # by EOF runs to its end but gets no reply, and the connection closes. (The
-    # reply-then-close branch in `_run` for `self.closing` is never reached.)
+async def test_a_half_closed_caller_gets_its_reply_and_then_the_connection_closes(
+    served: Served,
+) -> None:
+    # A caller that shut down only its sending side (as `nc -N` does) is still waiting
+    # for its reply: the request runs to its end, is answered, and only then does the
+    # server close. (Losing the reply would lose a pop that had already committed.)
     reader, writer = await connect(served)
     writer.write(request("GET", "/sleep?ms=20"))
     writer.write_eof()
-    async with asyncio.timeout(WAIT_S):
-        await served.seen.done.wait()
+    reply = await read_reply(reader)
+    assert reply.status == 200
     assert served.seen.finished == ["sleep"]
     await assert_closed(reader)
+
+
+async def test_requests_pipelined_before_a_half_close_are_all_answered_in_order(
+    served: Served,
+) -> None:
+    reader, writer = await connect(served)
+    writer.write(request("GET", "/sleep?ms=20") + request("GET", "/sleep?ms=1"))
+    writer.write_eof()
+    assert [(await read_reply(reader)).status for _ in range(2)] == [200, 200]
+    assert served.seen.finished == ["sleep", "sleep"]
+    await assert_closed(reader)
+
+
+async def test_a_half_close_with_a_request_cut_short_closes_without_a_reply(
+    served: Served,
+) -> None:
+    reader, writer = await connect(served)
+    writer.write(request("POST", "/echo", b"0123456789")[:-4])  # its body 4 bytes short
+    writer.write_eof()
+    await assert_closed(reader)
+    assert served.seen.finished == []
 
 
 # ---- large bodies ----------------------------------------------------------------------
@@ -992,6 +1014,9 @@ async def test_a_client_hanging_up_during_a_slow_handler_does_not_break_the_serv
     writer.write(request("GET", "/hangup"))
     async with asyncio.timeout(WAIT_S):
         await served.seen.started.wait()
+    # Gone for good: a reset (a FIN alone could be a caller still waiting for its reply).
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.close()
     await writer.wait_closed()
     async with asyncio.timeout(WAIT_S):

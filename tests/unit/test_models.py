@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from zdmq.errors import BadRequest, InvalidMessage, InvalidQueueName, MessageTooLarge
 from zdmq.hashing import Placement
@@ -26,6 +28,7 @@ from zdmq.models import (
     new_message_id,
     new_message_ids,
     parse_receipt,
+    validate_content_type,
     validate_message_id,
     validate_queue_name,
 )
@@ -461,3 +464,55 @@ def test_parse_receipt_refuses_a_token_with_non_ascii_letters_or_digits(token: s
     # zdmq's tokens are hex; a receipt it never issued is invalid_receipt, not lease_expired.
     with pytest.raises(InvalidMessage, match="is not a zdmq receipt"):
         parse_receipt(f"{MID}.{token}")
+
+
+@pytest.mark.parametrize(
+    "ctype",
+    [
+        "text/plain",
+        "a/b",
+        "text/plain; charset=utf-8",
+        "text/plain;charset=UTF-8",
+        'application/vnd.example+json; note="a; b \\"c\\""',
+        "multipart/form-data; boundary=x-1_2",
+    ],
+)
+def test_a_media_type_is_a_valid_content_type(ctype: str) -> None:
+    assert validate_content_type(ctype) == ctype
+
+
+@pytest.mark.parametrize(
+    "ctype",
+    [
+        "",
+        "text",
+        "text/",
+        "/plain",
+        "text/plain; charset",
+        "text/plain;",
+        "text/plain ",
+        "text/plain\tx",
+        "text/plain\r\nX-Forged: 1",
+        "text/plain\nX: 1",
+        "text/plain\x00",
+        "text/pl\u00e9in",
+        "text/plain; charset=\u20ac",
+        'text/plain; a="unterminated',
+        "a/" + "b" * 300,
+        None,
+        7,
+        b"text/plain",
+    ],
+)
+def test_anything_else_is_refused_as_an_invalid_message(ctype: Any) -> None:
+    with pytest.raises(InvalidMessage, match="content_type"):
+        validate_content_type(ctype)
+
+
+@given(st.text(max_size=40))
+def test_every_accepted_content_type_is_printable_ascii(ctype: str) -> None:
+    try:
+        validate_content_type(ctype)
+    except InvalidMessage:
+        return
+    assert ctype.isascii() and ctype.isprintable() and "/" in ctype

@@ -50,6 +50,7 @@ from zdmq.models import (
     new_message_id,
     new_message_ids,
     received_from_wire,
+    validate_content_type,
     validate_queue_name,
 )
 
@@ -306,9 +307,12 @@ class Client:
 
         With `dedup_id` the id is derived from it (uuid5 of queue and dedup_id), so a
         retry lands on the same node and, inside the queue's dedup window, stores
-        nothing and returns the original id.
+        nothing and returns the original id. A `content_type` that is not a media type
+        (`validate_content_type`) raises InvalidMessage before anything is sent.
         """
         validate_queue_name(queue)
+        if content_type is not None:
+            validate_content_type(content_type)
         data, ctype = _bytes(body, content_type)
         headers = {"Content-Type": ctype}
         if dedup_id is not None:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from itertools import repeat
 from typing import Any
@@ -47,6 +47,7 @@ from zdmq.models import (
     message_to_wire,
     new_message_id,
     new_message_ids,
+    validate_content_type,
     validate_message_id,
     validate_queue_name,
 )
@@ -263,18 +264,20 @@ async def push(request: Request) -> Response:
         msg_id = dedup_message_id(queue, dedup_id)
     else:
         msg_id = validate_message_id(raw_id) if raw_id is not None else new_message_id()
+    ctype = request.headers.get("Content-Type")
+    if ctype is not None:
+        validate_content_type(ctype)
     owner = node.placement.owner(msg_id)
     if owner != node.id:
         if _forwarded(request):
             raise Misrouted(f"message {msg_id} belongs to {owner}, not {node.id}")
         headers = {DEDUP_HEADER: dedup_id} if dedup_id is not None else {ID_HEADER: msg_id}
-        if "Content-Type" in request.headers:
-            headers["Content-Type"] = request.headers["Content-Type"]
+        if ctype is not None:
+            headers["Content-Type"] = ctype
         reply = await node.peer_call(
             owner, "POST", f"/v1/queues/{queue}/messages", data=body, headers=headers
         )
         return _relay(reply)
-    ctype = request.headers.get("Content-Type")
     [dup] = await node.push_local(queue, [PushItem(msg_id, body, ctype, dedup_id is not None)])
     return _json({"id": msg_id, "duplicate": dup}, status=200 if dup else 201)
 
@@ -301,8 +304,12 @@ def _batch_items(
             e.message = f"messages[{i}]: {e.message}"
             raise
         ctype = m.get("content_type")
-        if ctype is not None and not isinstance(ctype, str):
-            raise InvalidMessage(f"messages[{i}].content_type: expected a string")
+        if ctype is not None:
+            try:
+                validate_content_type(ctype)
+            except ZdmqError as e:
+                e.message = f"messages[{i}].{e.message}"
+                raise
         # Between nodes a dedup message travels by id, flagged (see _batch_wire).
         dedup = dedup_id is not None or (forwarded and m.get("dedup") is True)
         items.append(PushItem(mid, body, ctype, dedup))
@@ -327,6 +334,8 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
     n = b.count
     ids = b.ids
     ctypes = b.content_types or [None] * n
+    if b.content_types is not None:
+        _check_content_types(ctypes)
     dedups = b.dedup_ids
     if ids is not None and dedups is None and None not in ids:
         # The common case: the client gave every id.
@@ -341,6 +350,17 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
             raise
         items.append(PushItem(mid, bodies[i], ctypes[i], dedup_id is not None))
     return items
+
+
+def _check_content_types(ctypes: Sequence[str | None]) -> None:
+    """Every content type of a batch frame is a media type (`validate_content_type`),
+    each distinct one checked once; the first bad one is named by its index."""
+    for ctype in set(ctypes) - {None}:
+        try:
+            validate_content_type(ctype)
+        except ZdmqError as e:
+            e.message = f"messages[{ctypes.index(ctype)}].{e.message}"
+            raise
 
 
 def _item_id(queue: str, mid: Any, dedup_id: Any) -> str:
@@ -445,8 +465,10 @@ async def _take(request: Request, *, receive: bool) -> list[Delivery]:
     lease_s = _float_param(request, "visibility_s", 0.0, MAX_VISIBILITY_S) if receive else None
     wait_s = _float_param(request, "wait_s", 0.0, MAX_WAIT_S) or 0.0
     if request.transport is None or request.transport.is_closing():
-        # The caller hung up (a call that timed out while it waited in the socket's queue):
-        # taking messages now would hand them to nobody.
+        # The caller reset the connection (zdmq's client resets a call it gave up on, a
+        # timeout or a cancel, perhaps while it waited in the socket's queue): taking
+        # messages now would hand them to nobody. A caller that only half-closed is
+        # still waiting, and is answered.
         raise NodeUnavailable("the caller closed the connection before the call ran")
     route = request.headers.get(ROUTE_HEADER)
     if route == "local":
@@ -457,9 +479,9 @@ async def _take(request: Request, *, receive: bool) -> list[Delivery]:
     else:
         got = await node.routed_take(queue, limit, receive=receive, lease_s=lease_s, wait_s=wait_s)
     if receive and got and request.transport.is_closing():
-        # The caller hung up while its receive ran (a long poll it gave up on, a consumer
-        # shutting down): nobody will handle these, so they are visible again at once
-        # rather than after their visibility timeout.
+        # The caller reset the connection while its receive ran (a long poll it gave up
+        # on, a consumer shutting down): nobody will handle these, so they are visible
+        # again at once rather than after their visibility timeout.
         receipts = [d.receipt for d in got if d.receipt is not None]
         await _settle_receipts(node, queue, "nack", receipts)
         raise NodeUnavailable("the caller closed the connection before its receive replied")

@@ -230,6 +230,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.buf = bytearray()
         self.busy = False  # a handler is running
         self.closing = False
+        self.eof = False  # the caller half-closed: finish what it sent, then close
         self.paused = False
         self.last_active = _monotonic()
         self.task: asyncio.Task[None] | None = None
@@ -254,10 +255,15 @@ class _HttpProtocol(asyncio.Protocol):
         self.server.connections.discard(self)
 
     def eof_received(self) -> bool | None:
-        self.closing = True
+        # The caller has only stopped sending (a half-close): a request it sent may be
+        # running, perhaps a pop that has already committed, and its reply must still
+        # go out. True keeps the transport open for writing; `_run` closes it once the
+        # requests already read are answered.
+        self.eof = True
         if not self.busy and self.transport is not None:
+            self.closing = True
             self.transport.close()
-        return None
+        return True
 
     def data_received(self, data: bytes) -> None:
         self.last_active = _monotonic()
@@ -466,6 +472,8 @@ class _HttpProtocol(asyncio.Protocol):
             return
         if self.buf:
             self._next()
+        if self.eof and not self.busy:  # nothing more will come: the rest is not a request
+            self._close()
 
     def _write(
         self, resp: Response, keep: bool, *, head_only: bool = False, http10: bool = False
@@ -479,7 +487,7 @@ class _HttpProtocol(asyncio.Protocol):
             line = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode())
         head = line + _Date.get()
         if resp.headers:
-            head += "".join([f"{k}: {v}\r\n" for k, v in resp.headers.items()]).encode("latin-1")
+            head += _header_lines(resp.headers)
         body = resp.body
         if status != 204 and status >= 200:
             head += b"Content-Length: %d\r\n" % len(body)
@@ -509,6 +517,22 @@ class _HttpProtocol(asyncio.Protocol):
         self.closing = True
         if self.transport is not None:
             self.transport.close()
+
+
+def _header_lines(headers: dict[str, str]) -> bytes:
+    """The reply's header lines. A reply is written after its handler committed, so it
+    must not fail here, nor carry a line break into the head: a header whose name or
+    value is not printable ASCII is left out (and logged), never sent or raised."""
+    kept = {k: v for k, v in headers.items() if _printable(k) and _printable(v)}
+    if len(kept) < len(headers):
+        log.error(
+            "reply headers left out (not printable ASCII): %s", sorted(set(headers) - set(kept))
+        )
+    return "".join([f"{k}: {v}\r\n" for k, v in kept.items()]).encode("ascii")
+
+
+def _printable(field: str) -> bool:
+    return field.isascii() and field.isprintable()
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
