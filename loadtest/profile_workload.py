@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -66,22 +65,18 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-# This file is named like the stdlib's `profile` (which cProfile imports): keep its folder
-# off the import path, here and in the client processes spawned from here.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != Path(_HERE)]
+from locust_report import message_counters
 
-from zdmq.bench import workloads  # noqa: E402
-from zdmq.bench.driver import SystemSpec  # noqa: E402
-from zdmq.bench.report import format_tables  # noqa: E402
-from zdmq.bench.runner import zdmq_systems  # noqa: E402
-from zdmq.bench.suite import WORKLOADS, Knobs  # noqa: E402
-from zdmq.config import ClusterConfig  # noqa: E402
+from zdmq.bench import workloads
+from zdmq.bench.driver import SystemSpec
+from zdmq.bench.report import format_tables
+from zdmq.bench.runner import zdmq_systems
+from zdmq.bench.suite import WORKLOADS, Knobs
+from zdmq.config import ClusterConfig
 
 PYI_ENV = "ZDMQ_PROFILE_PYINSTRUMENT_DIR"  # tells the client processes where to save
 LOOP = "(event loop: waiting, or uvloop's C code)"
@@ -90,16 +85,14 @@ LOOP = "(event loop: waiting, or uvloop's C code)"
 # ---- counts ---------------------------------------------------------------------------------
 def _health(spec: SystemSpec) -> collections.Counter[str]:
     """The nodes' message counters, summed (only 127.0.0.1 urls: the cluster is local)."""
-    total: collections.Counter[str] = collections.Counter()
-    for node in ClusterConfig.load(spec.options["config"]).nodes:
+    nodes = ClusterConfig.load(spec.options["config"]).nodes
+    for node in nodes:
         if node.host != "127.0.0.1":
             raise SystemExit(f"not a local cluster: {node.url}")
-        with urllib.request.urlopen(node.url + "/v1/health", timeout=10) as reply:
-            counters = json.load(reply)["counters"]
-        total.update(
-            {k: int(counters.get(k, 0)) for k in ("pushed", "received", "acked", "popped")}
-        )
-    return total
+    counted = message_counters({node.id: node.url for node in nodes})
+    if counted is None:
+        raise SystemExit("a node did not answer GET /v1/health")
+    return collections.Counter(counted)
 
 
 def _io(pids: Iterable[int]) -> tuple[int, int]:
@@ -290,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     ap.add_argument("--quick", action="store_true", help="Knobs.quick(): a smoke run")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out", type=Path, default=Path(_HERE) / "results" / "profile")
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parent / "results" / "profile"
+    )
     _knob_args(ap)
     args = ap.parse_args(argv)
     target = args.target or ("client" if args.profiler == "pyinstrument" else "node")
