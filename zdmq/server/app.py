@@ -333,9 +333,9 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
         )
     n = b.count
     ids = b.ids
-    ctypes = b.content_types or [None] * n
     if b.content_types is not None:
-        _check_content_types(ctypes)
+        _check_content_types(b.content_types)
+    ctypes = b.content_types or [None] * n
     dedups = b.dedup_ids
     if ids is not None and dedups is None and None not in ids:
         # The common case: the client gave every id.
