@@ -12,6 +12,7 @@ from zdmq.errors import (
     BadRequest,
     BatchTooLarge,
     ConfigError,
+    Forbidden,
     InternalError,
     InvalidMessage,
     InvalidQueueName,
@@ -25,6 +26,7 @@ from zdmq.errors import (
     QueueNotFound,
     RouteNotFound,
     StorageFailed,
+    Unauthorized,
     ZdmqError,
 )
 from zdmq.models import AckResult, Message, QueueSettings, QueueStats, ReceivedMessage
@@ -40,6 +42,7 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "Consumer",
+    "Forbidden",
     "InternalError",
     "InvalidMessage",
     "InvalidQueueName",
@@ -60,6 +63,7 @@ __all__ = [
     "ReceivedMessage",
     "RouteNotFound",
     "StorageFailed",
+    "Unauthorized",
     "ZdmqError",
     "__version__",
 ]

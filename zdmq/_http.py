@@ -24,7 +24,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -462,11 +462,23 @@ class HttpPool:
     """Keep-alive connections to any number of hosts, shared by concurrent calls."""
 
     def __init__(
-        self, *, timeout_s: float = 10.0, limit_per_host: int = 256, idle_s: float = 30.0
+        self,
+        *,
+        timeout_s: float = 10.0,
+        limit_per_host: int = 256,
+        idle_s: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+        sign: Callable[[bytes, bytes], bytes] | None = None,
     ) -> None:
+        """`headers` go with every request (a client's token); `sign(b"METHOD target",
+        body)` returns a header line added to every request (a node's credential)."""
         self.timeout_s = timeout_s
         self.limit_per_host = limit_per_host
         self.idle_s = idle_s
+        self._fields = b"".join(
+            f"{k}: {v}\r\n".encode("latin-1") for k, v in (headers or {}).items()
+        )
+        self._sign = sign
         self._hosts: dict[str, _Host] = {}
         self._closed = False
 
@@ -557,6 +569,10 @@ class HttpPool:
             if headers
             else b""
         )
+        if self._fields:
+            fields = self._fields + fields
+        if self._sign is not None:
+            fields += self._sign(start, body)
         length = b"Content-Length: %d\r\n" % len(body) if body or method in _BODY_METHODS else b""
         if len(body) < _JOIN_MAX_BYTES:
             wire = b"".join((start, h.host_line, fields, length, b"\r\n", body))

@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `--config` is accepted after the command too: `zdmq up --config x.yaml`.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", default=argparse.SUPPRESS, help="cluster file")
+    token_help = "client token for a cluster with auth.client_tokens (default: $ZDMQ_TOKEN)"
+    ap.add_argument("--token", default=None, help=token_help)
+    common.add_argument("--token", default=argparse.SUPPRESS, help=token_help)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add = sub.add_parser
 
@@ -249,7 +252,7 @@ async def _status(config: ClusterConfig, args: argparse.Namespace) -> int:
 
 
 async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
-    async with Client(config=config) as c:
+    async with Client(config=config, token=args.token) as c:
         if args.action == "create":
             settings = await c.create_queue(args.queue, **_kwargs(args))
             given = ", ".join(f"{k}={v}" for k, v in settings.to_wire().items() if v is not None)
@@ -277,7 +280,7 @@ async def _push(config: ClusterConfig, args: argparse.Namespace) -> int:
         body = args.body.encode("utf-8")
     else:
         body = sys.stdin.buffer.read()
-    async with Client(config=config) as c:
+    async with Client(config=config, token=args.token) as c:
         print(
             await c.push(args.queue, body, content_type=args.content_type, dedup_id=args.dedup_id)
         )
@@ -285,7 +288,7 @@ async def _push(config: ClusterConfig, args: argparse.Namespace) -> int:
 
 
 async def _pop(config: ClusterConfig, args: argparse.Namespace) -> int:
-    async with Client(config=config) as c:
+    async with Client(config=config, token=args.token) as c:
         for _ in range(args.count):
             m = await c.pop(args.queue, wait_s=args.wait)
             if m is None:

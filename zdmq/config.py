@@ -19,7 +19,7 @@ import yaml
 
 from zdmq.errors import ConfigError
 
-__all__ = ["ClusterConfig", "Durability", "Limits", "NodeConfig"]
+__all__ = ["AuthConfig", "ClientToken", "ClusterConfig", "Durability", "Limits", "NodeConfig"]
 
 Durability = Literal["fsync", "os", "memory"]
 _DURABILITIES: tuple[str, ...] = ("fsync", "os", "memory")
@@ -75,6 +75,7 @@ class ClusterConfig:
     unregister_grace_s: float = 1.0
     # Bound on one node-to-node or client-to-node call.
     request_timeout_s: float = 10.0
+    auth: AuthConfig = field(default_factory=lambda: AuthConfig())
     source: Path | None = None
 
     # ---- construction -------------------------------------------------------------
@@ -107,6 +108,7 @@ class ClusterConfig:
             "repair_interval_s",
             "request_timeout_s",
             "unregister_grace_s",
+            "auth",
         }
         for key in raw:
             if key not in known:
@@ -143,6 +145,7 @@ class ClusterConfig:
             repair_interval_s=_float(raw, "repair_interval_s", 5.0, 0.05, 3600.0),
             request_timeout_s=_float(raw, "request_timeout_s", 10.0, 0.1, 600.0),
             unregister_grace_s=_float(raw, "unregister_grace_s", 1.0, 0.0, 60.0),
+            auth=_auth(raw.get("auth", {}), base_dir),
             source=source,
         )
 
@@ -156,6 +159,11 @@ class ClusterConfig:
             if n.id == node_id:
                 return n
         raise ConfigError(f"node {node_id!r} is not in the cluster (nodes: {self.node_ids})")
+
+    @property
+    def all_loopback(self) -> bool:
+        """Whether every node listens on a loopback address (one host, nobody else)."""
+        return all(n.is_loopback for n in self.nodes)
 
     def node_data_dir(self, node_id: str) -> Path:
         return self.data_dir / node_id
@@ -177,6 +185,7 @@ class ClusterConfig:
             "repair_interval_s": self.repair_interval_s,
             "request_timeout_s": self.request_timeout_s,
             "unregister_grace_s": self.unregister_grace_s,
+            **({"auth": self.auth.to_dict()} if self.auth != AuthConfig() else {}),
         }
 
 
@@ -244,3 +253,115 @@ def _float(raw: Mapping[str, Any], key: str, default: float, lo: float, hi: floa
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
         raise ConfigError(f"{key}: expected a number in {lo}..{hi}, got {value!r}")
     return float(value)
+
+
+# ---- auth: the node secret and the client tokens (docs/operations.md) ----------------------
+RIGHTS: tuple[str, ...] = ("read", "write", "admin")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientToken:
+    """A bearer token and its rights: queue-name prefix -> rights ("" is every queue).
+
+    `token` is the secret itself, or None when it comes from the environment variable
+    `token_env` (read by the node when it starts, so a client can load the same file)."""
+
+    name: str
+    token: str | None
+    token_env: str | None
+    rights: tuple[tuple[str, frozenset[str]], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.token is not None:
+            out["token"] = self.token
+        else:
+            out["token_env"] = self.token_env
+        out["rights"] = {prefix: sorted(r) for prefix, r in self.rights}
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    # A file holding the cluster's node secret (else $ZDMQ_NODE_SECRET, else, on a
+    # loopback-only cluster, <data_dir>/node.secret made at first start).
+    node_secret_file: Path | None = None
+    # None: client auth is off (allowed only when every node listens on loopback).
+    client_tokens: tuple[ClientToken, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.node_secret_file is not None:
+            out["node_secret_file"] = str(self.node_secret_file)
+        if self.client_tokens is not None:
+            out["client_tokens"] = [t.to_dict() for t in self.client_tokens]
+        return out
+
+
+def _auth(raw: Any, base_dir: Path | None) -> AuthConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("auth: expected a mapping")
+    for key in raw:
+        if key not in ("node_secret_file", "client_tokens"):
+            raise ConfigError(f"auth.{key}: unknown field (known: client_tokens, node_secret_file)")
+    secret_file = None
+    if "node_secret_file" in raw:
+        value = raw["node_secret_file"]
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"auth.node_secret_file: expected a path string, got {value!r}")
+        secret_file = Path(value).expanduser()
+        if not secret_file.is_absolute() and base_dir is not None:
+            secret_file = (base_dir / secret_file).resolve()
+    tokens = None
+    if raw.get("client_tokens") is not None:
+        tokens = _client_tokens(raw["client_tokens"])
+    return AuthConfig(node_secret_file=secret_file, client_tokens=tokens)
+
+
+def _client_tokens(raw: Any) -> tuple[ClientToken, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("auth.client_tokens: expected a list of {token or token_env, rights}")
+    out: list[ClientToken] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        where = f"auth.client_tokens[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{where}: expected a mapping with token or token_env, and rights")
+        for key in item:
+            if key not in ("name", "token", "token_env", "rights"):
+                raise ConfigError(
+                    f"{where}.{key}: unknown field (known: name, rights, token, token_env)"
+                )
+        token, env = item.get("token"), item.get("token_env")
+        if (token is None) == (env is None):
+            raise ConfigError(f"{where}: give token or token_env, exactly one")
+        if token is not None and (not isinstance(token, str) or len(token) < 16):
+            raise ConfigError(f"{where}.token: expected a string of at least 16 characters")
+        if token is not None and (not token.isascii() or not token.isprintable() or " " in token):
+            raise ConfigError(f"{where}.token: expected printable ASCII without spaces")
+        if env is not None and (not isinstance(env, str) or not env):
+            raise ConfigError(f"{where}.token_env: expected an environment variable name")
+        name = item.get("name", env if env is not None else f"token{i}")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name: expected a string")
+        if name in seen:
+            raise ConfigError(f"{where}.name: duplicate token name {name!r}")
+        seen.add(name)
+        rights_raw = item.get("rights")
+        if not isinstance(rights_raw, Mapping) or not rights_raw:
+            raise ConfigError(
+                f"{where}.rights: expected a mapping of queue-name prefix -> "
+                '[read, write, admin], e.g. {"orders-": [read, write]}'
+            )
+        rights: list[tuple[str, frozenset[str]]] = []
+        for prefix, granted in rights_raw.items():
+            if not isinstance(prefix, str):
+                raise ConfigError(f"{where}.rights: a prefix must be a string, got {prefix!r}")
+            if not isinstance(granted, list) or not all(r in RIGHTS for r in granted):
+                raise ConfigError(
+                    f"{where}.rights[{prefix!r}]: expected a list of read, write, admin, "
+                    f"got {granted!r}"
+                )
+            rights.append((prefix, frozenset(granted)))
+        out.append(ClientToken(name, token, env, tuple(rights)))
+    return tuple(out)

@@ -6,6 +6,8 @@
     │   ├── InvalidQueueName  400
     │   ├── InvalidMessage    400  bad body, encoding, id or JSON
     │   └── BatchTooLarge     400  more messages than limits.max_batch_messages
+    ├── Unauthorized          401  no credential, or one the node does not accept
+    ├── Forbidden             403  a valid credential without the right for this call
     ├── QueueNotFound         404
     ├── RouteNotFound         404  no such endpoint
     ├── MethodNotAllowed      405
@@ -31,6 +33,7 @@ __all__ = [
     "BadRequest",
     "BatchTooLarge",
     "ConfigError",
+    "Forbidden",
     "InternalError",
     "InvalidMessage",
     "InvalidQueueName",
@@ -44,6 +47,7 @@ __all__ = [
     "QueueNotFound",
     "RouteNotFound",
     "StorageFailed",
+    "Unauthorized",
     "ZdmqError",
     "error_classes",
     "from_wire",
@@ -90,6 +94,16 @@ class InvalidMessage(BadRequest):
 
 class BatchTooLarge(BadRequest):
     code = "batch_too_large"
+
+
+class Unauthorized(ZdmqError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(ZdmqError):
+    status = 403
+    code = "forbidden"
 
 
 class QueueNotFound(ZdmqError):
@@ -164,6 +178,8 @@ def from_wire(status: int, payload: Any) -> ZdmqError:
     if cls is None:
         cls = {
             400: BadRequest,
+            401: Unauthorized,
+            403: Forbidden,
             404: RouteNotFound,
             405: MethodNotAllowed,
             409: QueueExists,

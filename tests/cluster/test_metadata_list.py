@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from tests.cluster.support import id_owned_by, placement_of, queue_owned_by
-from tests.helpers import unique
+from tests.helpers import json_bytes, node_signed, unique
 from zdmq import Client, NodeUnavailable
 from zdmq.local import LocalCluster
 
@@ -24,18 +24,64 @@ async def test_a_listed_node_that_holds_nothing_leaves_the_list_at_the_first_pop
     owner_url = cluster4.config.node(owner).url
     async with Client.from_config(cluster4.config_path) as c:
         await c.create_queue(q)
+        body = json_bytes({"node": ghost, "queues": {q: "00000000-0000-4000-8000-000000000000"}})
         async with http.post(
             f"{owner_url}/v1/internal/register",
-            json={"node": ghost, "queues": {q: "00000000-0000-4000-8000-000000000000"}},
-            headers={"zdmq-forwarded": "test"},
+            data=body,
+            headers={
+                "Content-Type": "application/json",
+                **node_signed(cluster4.config, ghost, "POST", "/v1/internal/register", body),
+            },
         ) as r:
-            assert r.status == 200
+            assert r.status == 200, await r.text()
         assert await c.metadata(q) == [ghost]
         assert await c.pop(q) is None
         assert await c.metadata(q) == []
     async with Client.from_config(cluster4.config_path) as fresh:
         assert await fresh.pop(q) is None
         assert fresh.calls["pop"].calls <= 2  # the guess, then an empty metadata list
+
+
+@pytest.mark.parametrize(
+    ("node", "first_uuid"),
+    [
+        ("n9", "00000000-0000-4000-8000-000000000000"),  # not a node of the cluster
+        ("n1", "not-a-message-id"),
+    ],
+)
+async def test_a_registration_of_an_unknown_node_or_a_bad_first_uuid_is_refused_and_not_stored(
+    cluster4: LocalCluster, http: aiohttp.ClientSession, node: str, first_uuid: str
+) -> None:
+    owner = "n2"
+    q = queue_owned_by(placement_of(cluster4), owner)
+    owner_url = cluster4.config.node(owner).url
+    async with Client.from_config(cluster4.config_path) as c:
+        await c.create_queue(q)
+        ids = [await c.push(q, f"m{i}") for i in range(8)]
+        listed = await c.metadata(q)
+        for path in ("/v1/internal/register", "/v1/internal/sweep"):
+            body = json_bytes({"node": node, "queues": {q: first_uuid}})
+            # Signed by a real node (the caller of record is the body's node when it is one).
+            signer = node if node in cluster4.config.node_ids else "n1"
+            async with http.post(
+                f"{owner_url}{path}",
+                data=body,
+                headers={
+                    "Content-Type": "application/json",
+                    **node_signed(cluster4.config, signer, "POST", path, body),
+                },
+            ) as r:
+                assert r.status == 400, await r.text()
+                assert (await r.json())["error"]["code"] == "bad_request"
+        assert await c.metadata(q) == listed
+        got = []
+        while (m := await c.pop(q)) is not None:
+            got.append(m.id)
+    assert sorted(got) == sorted(ids)
+    cluster4.restart(owner)  # nothing of it was stored either
+    async with Client.from_config(cluster4.config_path) as c:
+        assert set(await c.metadata(q)) <= set(cluster4.config.node_ids)
+        assert await c.pop(q) is None
 
 
 async def test_push_many_keeps_text_content_types_and_splits_by_request_bytes(

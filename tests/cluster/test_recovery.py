@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from tests.cluster.support import error_code, id_owned_by, placement_of, queue_owned_by
-from tests.helpers import unique, wait_until
+from tests.helpers import json_bytes, node_signed, unique, wait_until
 from zdmq import Client, Message, NodeUnavailable
 from zdmq.local import LocalCluster
 
@@ -113,10 +113,14 @@ async def test_the_repair_sweep_re_registers_a_node_whose_registration_was_lost(
     assert await repairs() == 0  # every node registered itself on its first push
 
     # Simulate a metadata update the owner lost, through the real internal endpoint.
+    body = json_bytes({"node": lost, "queues": [q]})
     async with http.post(
         f"{owner_url}/v1/internal/unregister",
-        json={"node": lost, "queues": [q]},
-        headers={"zdmq-forwarded": "test"},
+        data=body,
+        headers={
+            "Content-Type": "application/json",
+            **node_signed(cluster.config, lost, "POST", "/v1/internal/unregister", body),
+        },
     ) as r:
         assert r.status == 200, await r.text()
 

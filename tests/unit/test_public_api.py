@@ -17,6 +17,7 @@ PUBLIC = {
     "ClusterConfig",
     "ConfigError",
     "Consumer",
+    "Forbidden",
     "InternalError",
     "InvalidMessage",
     "InvalidQueueName",
@@ -37,6 +38,7 @@ PUBLIC = {
     "ReceivedMessage",
     "RouteNotFound",
     "StorageFailed",
+    "Unauthorized",
     "ZdmqError",
     "__version__",
 }

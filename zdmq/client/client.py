@@ -18,6 +18,7 @@ call is counted per operation in `Client.calls` for tests and benchmarks.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 import uuid
@@ -29,6 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zdmq import _http
+from zdmq.auth import TOKEN_ENV, bearer_headers
 from zdmq.config import ClusterConfig
 from zdmq.errors import InternalError, NodeUnavailable, ZdmqError
 from zdmq.hashing import Placement
@@ -96,7 +98,10 @@ class Client:
         timeout_s: float = 10.0,
         max_connections: int = 256,
         metadata_ttl_s: float = 2.0,
+        token: str | None = None,
     ) -> None:
+        """`token`: the client token sent as `Authorization: Bearer` on every call (else
+        $ZDMQ_TOKEN, else none: a cluster without `auth.client_tokens` needs none)."""
         if isinstance(urls, str):
             urls = [urls]
         if not urls and config is None:
@@ -106,6 +111,7 @@ class Client:
         self._timeout_s = timeout_s
         self._max_connections = max_connections
         self._metadata_ttl_s = metadata_ttl_s
+        self._token = token if token is not None else os.environ.get(TOKEN_ENV) or None
         self._session: _http.HttpPool | None = None
         self._urls: dict[str, str] = {}
         self._placement: Placement | None = None
@@ -135,7 +141,9 @@ class Client:
         if self._session is not None:
             return
         self._session = _http.HttpPool(
-            timeout_s=self._timeout_s, limit_per_host=self._max_connections
+            timeout_s=self._timeout_s,
+            limit_per_host=self._max_connections,
+            headers=bearer_headers(self._token),
         )
         try:
             if self._config is not None:

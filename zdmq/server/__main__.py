@@ -18,9 +18,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = ClusterConfig.load(args.config)
         config.node(args.node)
-    except ConfigError as e:
+        run_node(config, args.node, listen_fd=args.listen_fd)
+    except ConfigError as e:  # a bad file, or no node secret or client tokens where needed
         raise SystemExit(f"zdmq node: {e}") from None
-    run_node(config, args.node, listen_fd=args.listen_fd)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,25 @@ from typing import Any
 import orjson
 
 from zdmq import _http
+from zdmq.auth import (
+    NODE_AUTH_HEADER,
+    ClientGuard,
+    NodeVerifier,
+    check_serving,
+    node_secret,
+    require,
+    rights_on,
+)
 from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
     BatchTooLarge,
+    Forbidden,
     InvalidMessage,
     MessageTooLarge,
     Misrouted,
     NodeUnavailable,
+    Unauthorized,
     ZdmqError,
 )
 from zdmq.models import (
@@ -209,7 +220,13 @@ async def openapi(request: Request) -> Response:
 
 
 async def list_queues(request: Request) -> Response:
-    return _json({"queues": await request.app[NODE].list_queues()})
+    queues = await request.app[NODE].list_queues()
+    clients: ClientGuard | None = request.app[CLIENTS]
+    if clients is not None and NODE_AUTH_HEADER not in request.headers:
+        # A client sees the queues its token has some right on.
+        token = clients.token(request.headers.get("Authorization"))
+        queues = [q for q in queues if rights_on(token, q)]
+    return _json({"queues": queues})
 
 
 async def create_queue(request: Request) -> Response:
@@ -638,6 +655,20 @@ def _field(payload: Any, name: str) -> str:
     return str(payload[name])
 
 
+def _calling_node(request: Request, payload: Any) -> str:
+    """The `node` a registration, unregistration or ready notice is about: a node of
+    the cluster, and the one whose credential the call carries (a node speaks only for
+    itself). Else 400, before anything is stored."""
+    node_id = _field(payload, "node")
+    config = request.app[NODE].config
+    if node_id not in config.node_ids:
+        raise BadRequest(f"node: {node_id[:100]!r} is not a node of this cluster")
+    caller = request.headers.get(NODE_AUTH_HEADER, "").partition(":")[0]
+    if node_id != caller:
+        raise BadRequest(f"node: {node_id!r} is not the calling node {caller!r}")
+    return node_id
+
+
 async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
     """(node, queues) of a batch of unregistrations or ready notices: queues this node
     is the metadata owner of, or the whole batch is refused."""
@@ -647,7 +678,7 @@ async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
     if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
         raise BadRequest("queues: expected a list of queue names")
     _owner_of_all(node, queues)
-    return _field(payload, "node"), queues
+    return _calling_node(request, payload), queues
 
 
 async def internal_unregister(request: Request) -> Response:
@@ -689,7 +720,14 @@ async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[st
     if not isinstance(known, dict):
         raise BadRequest("incarnations: expected an object of queue -> incarnation")
     _owner_of_all(node, queues)
-    return _field(payload, "node"), queues, known
+    for q, first_uuid in queues.items():
+        try:
+            validate_message_id(first_uuid)
+        except ZdmqError:
+            raise BadRequest(
+                f"queues[{q!r}]: first_uuid {first_uuid[:100]!r} is not a UUID"
+            ) from None
+    return _calling_node(request, payload), queues, known
 
 
 async def internal_sweep(request: Request) -> Response:
@@ -705,10 +743,75 @@ async def internal_register(request: Request) -> Response:
 
 
 # ---- the application ----------------------------------------------------------------------
+# Who may call each route: OPEN (anyone), NODE_ONLY (another node), ANY_CLIENT (any
+# valid token), or the right a token needs on the route's queue (docs/api.md).
+OPEN, NODE_ONLY, ANY_CLIENT = "open", "node", "any"
+READ, WRITE, ADMIN = "read", "write", "admin"
+CLIENTS = "clients"
+
+
+def _unauthorized(err: Unauthorized, node_only: bool) -> Response:
+    resp = json_response(err.to_wire(), status=err.status)
+    if not node_only:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="zdmq"'
+    return resp
+
+
+def _guarded(
+    handler: Callable[[Request], Any], need: str, nodes: NodeVerifier, clients: ClientGuard | None
+) -> Callable[[Request], Any]:
+    """`handler` behind the credential check `need` calls for."""
+    if need == OPEN:
+        return handler
+    node_only = need == NODE_ONLY
+
+    def check(request: Request) -> None:
+        headers = request.headers
+        signed = headers.get(NODE_AUTH_HEADER)
+        if signed is not None:  # another node: every right
+            nodes.verify(signed, request.method, request.path_qs, request.body)
+            return
+        if node_only:
+            if "Authorization" in headers:
+                if clients is not None:
+                    clients.token(headers.get("Authorization"))  # a bad token is 401
+                raise Forbidden("internal routes take a node credential, not a client token")
+            raise Unauthorized("internal routes need a node credential")
+        if FORWARDED_HEADER in headers:
+            raise Unauthorized("a forwarded call needs a node credential")
+        if clients is None:
+            return
+        token = clients.token(headers.get("Authorization"))
+        if need != ANY_CLIENT:
+            require(token, request.match_info["queue"], need)
+
+    async def guarded(request: Request) -> Response:
+        try:
+            check(request)
+        except Unauthorized as e:
+            return _unauthorized(e, node_only)
+        result: Response = await handler(request)
+        return result
+
+    return guarded
+
+
 def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App:
+    secret = node_secret(config)
+    check_serving(config)
+    clients = (
+        ClientGuard(config.auth.client_tokens) if config.auth.client_tokens is not None else None
+    )
+    nodes = NodeVerifier(secret, config.node_ids)
     app = App(max_body=config.limits.max_request_bytes)
-    node = Node(config, node_id, open_storage(config.durability, config.node_data_dir(node_id)))
+    node = Node(
+        config,
+        node_id,
+        open_storage(config.durability, config.node_data_dir(node_id)),
+        secret=secret,
+    )
     app[NODE] = node
+    app[CLIENTS] = clients
     tasks: list[asyncio.Task[None]] = []
 
     async def startup(app: App) -> None:
@@ -726,29 +829,33 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
 
     app.on_startup.append(startup)
     app.on_cleanup.append(cleanup)
-    for method, path, handler in (
-        ("GET", "/v1/health", health),
-        ("GET", "/v1/cluster", cluster),
-        ("GET", "/v1/openapi.yaml", openapi),
-        ("GET", "/v1/queues", list_queues),
-        ("PUT", "/v1/queues/{queue}", create_queue),
-        ("GET", "/v1/queues/{queue}", get_queue),
-        ("DELETE", "/v1/queues/{queue}", delete_queue),
-        ("GET", "/v1/queues/{queue}/metadata", queue_metadata),
-        ("POST", "/v1/queues/{queue}/messages", push),
-        ("POST", "/v1/queues/{queue}/batch", push_batch),
-        ("POST", "/v1/queues/{queue}/pop", pop),
-        ("POST", "/v1/queues/{queue}/receive", receive),
-        ("POST", "/v1/queues/{queue}/ack", ack),
-        ("POST", "/v1/queues/{queue}/nack", nack),
-        ("POST", "/v1/queues/{queue}/extend", extend),
-        ("POST", "/v1/internal/queues/{queue}/purge", internal_purge),
-        ("GET", "/v1/internal/queues/{queue}/depth", internal_depth),
-        ("GET", "/v1/internal/owned-queues", internal_owned),
-        ("POST", "/v1/internal/sweep", internal_sweep),
-        ("POST", "/v1/internal/register", internal_register),
-        ("POST", "/v1/internal/unregister", internal_unregister),
-        ("POST", "/v1/internal/ready", internal_ready),
-    ):
-        app.route(method, path, handler)
+    for method, path, handler, need in ROUTES:
+        app.route(method, path, _guarded(handler, need, nodes, clients))
     return app
+
+
+# Every route, and who may call it.
+ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
+    ("GET", "/v1/health", health, OPEN),
+    ("GET", "/v1/cluster", cluster, ANY_CLIENT),
+    ("GET", "/v1/openapi.yaml", openapi, OPEN),
+    ("GET", "/v1/queues", list_queues, ANY_CLIENT),
+    ("PUT", "/v1/queues/{queue}", create_queue, ADMIN),
+    ("GET", "/v1/queues/{queue}", get_queue, READ),
+    ("DELETE", "/v1/queues/{queue}", delete_queue, ADMIN),
+    ("GET", "/v1/queues/{queue}/metadata", queue_metadata, READ),
+    ("POST", "/v1/queues/{queue}/messages", push, WRITE),
+    ("POST", "/v1/queues/{queue}/batch", push_batch, WRITE),
+    ("POST", "/v1/queues/{queue}/pop", pop, READ),
+    ("POST", "/v1/queues/{queue}/receive", receive, READ),
+    ("POST", "/v1/queues/{queue}/ack", ack, READ),
+    ("POST", "/v1/queues/{queue}/nack", nack, READ),
+    ("POST", "/v1/queues/{queue}/extend", extend, READ),
+    ("POST", "/v1/internal/queues/{queue}/purge", internal_purge, NODE_ONLY),
+    ("GET", "/v1/internal/queues/{queue}/depth", internal_depth, NODE_ONLY),
+    ("GET", "/v1/internal/owned-queues", internal_owned, NODE_ONLY),
+    ("POST", "/v1/internal/sweep", internal_sweep, NODE_ONLY),
+    ("POST", "/v1/internal/register", internal_register, NODE_ONLY),
+    ("POST", "/v1/internal/unregister", internal_unregister, NODE_ONLY),
+    ("POST", "/v1/internal/ready", internal_ready, NODE_ONLY),
+)

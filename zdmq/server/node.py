@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from zdmq import _http
+from zdmq.auth import NodeSigner, node_secret
 from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
@@ -209,8 +210,12 @@ class OwnerBatches:
 
 
 class Node:
-    def __init__(self, config: ClusterConfig, node_id: str, storage: Storage) -> None:
+    def __init__(
+        self, config: ClusterConfig, node_id: str, storage: Storage, *, secret: bytes | None = None
+    ) -> None:
         self.config = config
+        # The cluster's node secret: it signs every call this node makes to another.
+        self.secret = secret if secret is not None else node_secret(config)
         self.id = node_id
         self.me = config.node(node_id)
         self.placement = Placement(config.node_ids, config.partitions, config.replication)
@@ -248,7 +253,11 @@ class Node:
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         self.state = await asyncio.to_thread(self.storage.load)
-        self._session = _http.HttpPool(timeout_s=self.config.request_timeout_s, limit_per_host=64)
+        self._session = _http.HttpPool(
+            timeout_s=self.config.request_timeout_s,
+            limit_per_host=64,
+            sign=NodeSigner(self.secret, self.id),
+        )
 
     async def stop(self) -> None:
         for timer in self._drop_timers.values():
