@@ -16,6 +16,8 @@ the rates. Options (each also read from the environment variable named beside it
                                        them round-robin from a random first one
     --routing       ZDMQ_ROUTING       any: every call to a random node, which forwards;
                                        zerohop: each call to the node that serves it
+    --zdmq-token    ZDMQ_TOKEN         client token, for a cluster with auth.client_tokens
+                                       (it needs admin on lq- to create the queues)
 
 Zero-hop routing does what `zdmq.Client` does: a push carries a fresh UUID (`zdmq-id`,
 canonical form: the nodes refuse others) and goes to the node that id hashes to; a pop
@@ -51,6 +53,7 @@ from locust import FastHttpUser, constant, events, task
 from locust.env import Environment
 from locust.runners import WorkerRunner
 
+from zdmq.auth import bearer_headers
 from zdmq.config import ClusterConfig
 from zdmq.hashing import Placement
 from zdmq.models import new_message_ids
@@ -106,6 +109,7 @@ def _options(parser: Any) -> None:
     group.add_argument(
         "--routing", env_var="ZDMQ_ROUTING", choices=ROUTINGS, default="any", help="any|zerohop"
     )
+    group.add_argument("--zdmq-token", env_var="ZDMQ_TOKEN", default="", help="client token")
 
 
 class Settings:
@@ -132,6 +136,7 @@ class Settings:
         self.batch_size = options.batch_size
         self.queues = [f"{QUEUE_PREFIX}{i}" for i in range(options.queues)]
         self.routing = options.routing
+        self.auth = bearer_headers(options.zdmq_token or None)  # sent on every call
         self.body = b"x" * self.message_size
         self.batch_item = {"body": self.body.decode(), "encoding": "utf-8"}
 
@@ -162,7 +167,7 @@ def _create_queues(environment: Environment, **_: Any) -> None:
     s = SETTINGS
     for queue in s.queues:
         url = f"{s.urls[s.placement.owner(queue)]}/v1/queues/{queue}"
-        req = urllib.request.Request(url, data=b"{}", method="PUT", headers=JSON)
+        req = urllib.request.Request(url, data=b"{}", method="PUT", headers={**JSON, **s.auth})
         try:
             with urllib.request.urlopen(req, timeout=10) as reply:
                 status = reply.status
@@ -221,6 +226,8 @@ class ZdmqUser(FastHttpUser):
         With `empty_name`, a reply with no messages is reported under that name; `check`
         returns why a reply with the right status is still wrong, or None."""
         url = self.s.urls[node] + path
+        if self.s.auth:
+            kw["headers"] = {**kw.get("headers", {}), **self.s.auth}
         with self.client.request(method, url, name=name, catch_response=True, **kw) as r:
             if r.status_code == 0:  # connection error: already recorded as the failure
                 return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from zdmq import _http
+from zdmq.auth import TOKEN_ENV
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
 from zdmq.errors import ConfigError, NodeUnavailable, ZdmqError
@@ -147,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("bench", help="the benchmark workloads on zdmq and its peers (see --help)")
 
     args = ap.parse_args(args_list)
+    if getattr(args, "token", None):
+        # Every client this command makes takes it (the demo's, Spark's tasks').
+        os.environ[TOKEN_ENV] = args.token
     try:
         config = ClusterConfig.load(args.config)
         if args.command == "node":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
 import time
 from collections.abc import Awaitable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import orjson
 import pyarrow as pa
 
 from zdmq import _http
+from zdmq.auth import TOKEN_ENV, bearer_headers
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
 from zdmq.models import AckResult, parse_receipt
@@ -36,6 +38,8 @@ __all__ = [
     "lease_all",
     "push_batches",
     "settle",
+    "token_of",
+    "with_token",
 ]
 
 _ROUTE_LOCAL = {"zdmq-route": "local"}
@@ -49,7 +53,19 @@ T = TypeVar("T")
 
 
 def cluster_from(layout: dict[str, Any]) -> ClusterConfig:
-    return ClusterConfig.from_dict(layout)
+    return ClusterConfig.from_dict({k: v for k, v in layout.items() if k != "token"})
+
+
+def with_token(layout: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """The layout with the client token its tasks send (the `token` option, else
+    $ZDMQ_TOKEN, else none): it travels with the layout to the executors."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    return {**layout, "token": token} if token else layout
+
+
+def token_of(layout: dict[str, Any]) -> str | None:
+    token = layout.get("token")
+    return str(token) if token else None
 
 
 def _run(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
@@ -189,6 +205,7 @@ class NodeLeaser:
         limit: int | None,
     ) -> None:
         self.config = cluster_from(layout)
+        self.token = token_of(layout)
         self.node = node
         self.url = self.config.node(node).url
         self.opts = opts
@@ -203,7 +220,9 @@ class NodeLeaser:
         return list(self.receipt_of.values())
 
     def batches(self, loop: asyncio.AbstractEventLoop) -> Iterator[pa.RecordBatch]:
-        pool = _http.HttpPool(timeout_s=self.config.request_timeout_s + 5.0)
+        pool = _http.HttpPool(
+            timeout_s=self.config.request_timeout_s + 5.0, headers=bearer_headers(self.token)
+        )
         idle_since: float | None = None
         ahead: asyncio.Task[list[dict[str, Any]]] | None = None
         try:
@@ -279,7 +298,9 @@ async def lease_all(
     If a node fails, what the others leased is released before the error is raised.
     """
     config = cluster_from(layout)
-    pool = _http.HttpPool(timeout_s=config.request_timeout_s + 5.0)
+    pool = _http.HttpPool(
+        timeout_s=config.request_timeout_s + 5.0, headers=bearer_headers(token_of(layout))
+    )
     builder = RowBuilder(schema, opts.decode)
     got: dict[str, list[dict[str, Any]]] = {n: [] for n in config.node_ids}
     active = list(config.node_ids)
@@ -339,7 +360,7 @@ async def _settle(
 ) -> AckResult:
     if not receipts:
         return AckResult(0)
-    async with Client(config=cluster_from(layout)) as c:
+    async with Client(config=cluster_from(layout), token=token_of(layout)) as c:
         # Slices settled at once: each call makes one request per node, so several
         # slices keep several requests (and group commits) in flight per node.
         slices = [receipts[i : i + _SETTLE_SLICE] for i in range(0, len(receipts), _SETTLE_SLICE)]
@@ -370,7 +391,7 @@ def push_batches(
     try:
 
         async def go() -> None:
-            async with Client(config=cluster_from(layout)) as c:
+            async with Client(config=cluster_from(layout), token=token_of(layout)) as c:
                 running: set[asyncio.Future[list[str]]] = set()
                 try:
                     await feed(c, running)

@@ -119,9 +119,9 @@ class WriteOptions:
         )
 
 
-# Not read here: how to reach the cluster (datasource.load_layout reads `config` and
-# `urls`), and the `path` Spark passes along with load(path) / save(path).
-_PASSED_THROUGH = frozenset({"config", "urls", "path"})
+# Not read here: how to reach the cluster (datasource.load_layout reads `config`,
+# `urls` and `token`), and the `path` Spark passes along with load(path) / save(path).
+_PASSED_THROUGH = frozenset({"config", "urls", "path", "token"})
 
 
 class _Given:

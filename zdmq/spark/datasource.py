@@ -35,6 +35,7 @@ Where each piece runs, and what it promises:
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
@@ -93,15 +94,21 @@ def load_layout(options: dict[str, str]) -> dict[str, Any]:
     ./cluster.yaml) or discovered from `urls` (comma-separated node urls). Tasks get it
     pickled, so executors need no copy of the file, only a route to every node."""
     urls = options.get("urls")
+    token = options.get("token")
     if urls:
-        return asyncio.run(_discover([u.strip() for u in urls.split(",") if u.strip()]))
-    return ClusterConfig.load(options.get("config") or "cluster.yaml").to_dict()
+        layout = asyncio.run(_discover([u.strip() for u in urls.split(",") if u.strip()], token))
+    else:
+        layout = ClusterConfig.load(options.get("config") or "cluster.yaml").to_dict()
+    return _io.with_token(layout, token)
 
 
-async def _discover(urls: list[str]) -> dict[str, Any]:
+async def _discover(urls: list[str], token: str | None) -> dict[str, Any]:
     from zdmq import _http
+    from zdmq.auth import TOKEN_ENV, bearer_headers
 
-    pool = _http.HttpPool(timeout_s=10.0)
+    pool = _http.HttpPool(
+        timeout_s=10.0, headers=bearer_headers(token or os.environ.get(TOKEN_ENV))
+    )
     try:
         last: Exception | None = None
         for url in urls:
@@ -130,7 +137,7 @@ def check_queue(layout: dict[str, Any], queue: str) -> None:
     of an unknown queue would just look empty)."""
 
     async def go() -> None:
-        async with Client(config=_io.cluster_from(layout)) as c:
+        async with Client(config=_io.cluster_from(layout), token=_io.token_of(layout)) as c:
             await c.queue_settings(queue)
 
     asyncio.run(go())
@@ -251,7 +258,9 @@ class ZdmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # The target: what is visible now. Leasing stops once that many were leased, so a
         # run ends even while producers keep pushing.
         async def visible() -> int:
-            async with Client(config=_io.cluster_from(self.layout)) as c:
+            async with Client(
+                config=_io.cluster_from(self.layout), token=_io.token_of(self.layout)
+            ) as c:
                 return (await c.stats(self.opts.queue)).visible
 
         self.budget = max(0, asyncio.run(visible()))
@@ -343,7 +352,9 @@ class ZdmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
 
         async def go() -> None:
-            async with Client(config=_io.cluster_from(self.layout)) as c:
+            async with Client(
+                config=_io.cluster_from(self.layout), token=_io.token_of(self.layout)
+            ) as c:
                 await c.extend(
                     self.opts.queue, [r for h in old for r in h.receipts], self.opts.visibility_s
                 )

@@ -170,8 +170,11 @@ def drain(
     transform: Transform | None = None,
     transform_schema: str | StructType | None = None,
     write_options: dict[str, str] | None = None,
+    token: str | None = None,
 ) -> DrainResult:
     """Drains `queue` into `out` (Spark's `fmt` writer) and acks what was written.
+
+    `token`: the client token (else $ZDMQ_TOKEN) for a cluster with client tokens.
 
     `transform` maps each task's Arrow batches before they are written (same stage, so
     still acked only after the commit); give `transform_schema` if it changes the columns.
@@ -179,7 +182,7 @@ def drain(
     """
     started = time.perf_counter()
     cfg = config if isinstance(config, ClusterConfig) else ClusterConfig.load(config)
-    layout = cfg.to_dict()
+    layout = _io.with_token(cfg.to_dict(), token)
     opts = ReadOptions.parse(
         {
             "queue": queue,
@@ -242,6 +245,7 @@ def ack_receipts(
     receipts: Iterable[str] | DataFrame,
     *,
     config: str | Path | ClusterConfig = "cluster.yaml",
+    token: str | None = None,
 ) -> AckResult:
     """Acks the leases a batch read took, once what they fed is committed.
 
@@ -252,4 +256,4 @@ def ack_receipts(
     cfg = config if isinstance(config, ClusterConfig) else ClusterConfig.load(config)
     if isinstance(receipts, DataFrame):
         receipts = [r[0] for r in receipts.select("receipt").toLocalIterator() if r[0]]
-    return _io.settle(cfg.to_dict(), queue, "ack", list(receipts))
+    return _io.settle(_io.with_token(cfg.to_dict(), token), queue, "ack", list(receipts))
