@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import re
 import socket
+import ssl
 import struct
 import time
 from collections import deque
@@ -443,11 +444,12 @@ def take(buf: bytearray, n: int) -> bytes:
 
 
 class _Host:
-    __slots__ = ("busy", "host", "host_line", "idle", "port", "starts", "waiters")
+    __slots__ = ("busy", "host", "host_line", "idle", "port", "starts", "tls", "waiters")
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, tls: bool = False) -> None:
         self.host = host
         self.port = port
+        self.tls = tls
         hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # Host header
         self.host_line = f" HTTP/1.1\r\nHost: {hostport}\r\n".encode("latin-1")
         # (method, path) -> b"METHOD target": a client calls the same few paths again and
@@ -469,9 +471,11 @@ class HttpPool:
         idle_s: float = 30.0,
         headers: Mapping[str, str] | None = None,
         sign: Callable[[bytes, bytes], bytes] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`headers` go with every request (a client's token); `sign(b"METHOD target",
-        body)` returns a header line added to every request (a node's credential)."""
+        body)` returns a header line added to every request (a node's credential);
+        `ssl_context` verifies https:// origins (default: the system's trust store)."""
         self.timeout_s = timeout_s
         self.limit_per_host = limit_per_host
         self.idle_s = idle_s
@@ -479,19 +483,21 @@ class HttpPool:
             f"{k}: {v}\r\n".encode("latin-1") for k, v in (headers or {}).items()
         )
         self._sign = sign
+        self._ssl = ssl_context
         self._hosts: dict[str, _Host] = {}
         self._closed = False
 
     def _host(self, origin: str) -> _Host:
         h = self._hosts.get(origin)
         if h is None:
-            if not origin.startswith("http://"):
-                raise ValueError(f"only http:// urls are supported, not {origin!r}")
-            hostport = origin[7:]
+            tls = origin.startswith("https://")
+            if not tls and not origin.startswith("http://"):
+                raise ValueError(f"only http:// and https:// urls are supported, not {origin!r}")
+            hostport = origin[8:] if tls else origin[7:]
             host, sep, port = hostport.rpartition(":")
-            if not sep or not port.isdigit():
-                host, port = hostport, "80"
-            h = self._hosts[origin] = _Host(host.strip("[]"), int(port))
+            if not sep or not port.isdigit() or "]" in port:
+                host, port = hostport, "443" if tls else "80"
+            h = self._hosts[origin] = _Host(host.strip("[]"), int(port), tls)
         return h
 
     def _idle(self, h: _Host, now: float | None = None) -> _Conn | None:
@@ -524,7 +530,14 @@ class HttpPool:
                 return await self._acquire(h)
         h.busy += 1
         try:
-            _, conn = await asyncio.get_running_loop().create_connection(_Conn, h.host, h.port)
+            tls = None
+            if h.tls:
+                if self._ssl is None:
+                    self._ssl = ssl.create_default_context()
+                tls = self._ssl
+            _, conn = await asyncio.get_running_loop().create_connection(
+                _Conn, h.host, h.port, ssl=tls
+            )
         except BaseException:
             self._release(h, None)
             raise
@@ -670,8 +683,8 @@ async def call(
     if json is not None:
         data = dumps(json)
         headers = {**JSON_HEADERS, **(headers or {})}
-    # url = "http://host:port" + path
-    slash = url.find("/", 7)
+    # url = "http://host:port" + path (or https://)
+    slash = url.find("/", 8 if url.startswith("https://") else 7)
     origin, path = (url, "/") if slash < 0 else (url[:slash], url[slash:])
     path, _, query = path.partition("?")
     if query:

@@ -228,7 +228,7 @@ def _up(config_path: str) -> int:
 # ---- small commands -----------------------------------------------------------------------
 async def _healths(config: ClusterConfig, timeout_s: float) -> list[dict[str, Any] | ZdmqError]:
     """Every node's /v1/health reply, or the error that stood in for it, in file order."""
-    pool = _http.HttpPool(timeout_s=timeout_s)
+    pool = _http.HttpPool(timeout_s=timeout_s, ssl_context=config.client_ssl())
 
     async def one(url: str) -> dict[str, Any] | ZdmqError:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,15 @@ import yaml
 
 from zdmq.errors import ConfigError
 
-__all__ = ["AuthConfig", "ClientToken", "ClusterConfig", "Durability", "Limits", "NodeConfig"]
+__all__ = [
+    "AuthConfig",
+    "ClientToken",
+    "ClusterConfig",
+    "Durability",
+    "Limits",
+    "NodeConfig",
+    "TlsConfig",
+]
 
 Durability = Literal["fsync", "os", "memory"]
 _DURABILITIES: tuple[str, ...] = ("fsync", "os", "memory")
@@ -32,11 +41,12 @@ class NodeConfig:
     id: str
     host: str
     port: int
+    tls: bool = False  # the cluster has a `tls` block: the node speaks HTTPS
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def is_loopback(self) -> bool:
@@ -76,6 +86,7 @@ class ClusterConfig:
     # Bound on one node-to-node or client-to-node call.
     request_timeout_s: float = 10.0
     auth: AuthConfig = field(default_factory=lambda: AuthConfig())
+    tls: TlsConfig | None = None
     source: Path | None = None
 
     # ---- construction -------------------------------------------------------------
@@ -109,6 +120,7 @@ class ClusterConfig:
             "request_timeout_s",
             "unregister_grace_s",
             "auth",
+            "tls",
         }
         for key in raw:
             if key not in known:
@@ -135,6 +147,9 @@ class ClusterConfig:
             raise ConfigError(
                 f"durability: expected one of {', '.join(_DURABILITIES)}, got {durability!r}"
             )
+        tls = _tls(raw["tls"], base_dir) if raw.get("tls") is not None else None
+        if tls is not None:
+            nodes = tuple(NodeConfig(n.id, n.host, n.port, tls=True) for n in nodes)
         return cls(
             nodes=nodes,
             replication=replication,
@@ -146,6 +161,7 @@ class ClusterConfig:
             request_timeout_s=_float(raw, "request_timeout_s", 10.0, 0.1, 600.0),
             unregister_grace_s=_float(raw, "unregister_grace_s", 1.0, 0.0, 60.0),
             auth=_auth(raw.get("auth", {}), base_dir),
+            tls=tls,
             source=source,
         )
 
@@ -164,6 +180,10 @@ class ClusterConfig:
     def all_loopback(self) -> bool:
         """Whether every node listens on a loopback address (one host, nobody else)."""
         return all(n.is_loopback for n in self.nodes)
+
+    def client_ssl(self) -> ssl.SSLContext | None:
+        """How clients and nodes verify the nodes' certificates (None: plain HTTP)."""
+        return self.tls.client_context() if self.tls is not None else None
 
     def node_data_dir(self, node_id: str) -> Path:
         return self.data_dir / node_id
@@ -186,6 +206,7 @@ class ClusterConfig:
             "request_timeout_s": self.request_timeout_s,
             "unregister_grace_s": self.unregister_grace_s,
             **({"auth": self.auth.to_dict()} if self.auth != AuthConfig() else {}),
+            **({"tls": self.tls.to_dict()} if self.tls is not None else {}),
         }
 
 
@@ -365,3 +386,51 @@ def _client_tokens(raw: Any) -> tuple[ClientToken, ...]:
             rights.append((prefix, frozenset(granted)))
         out.append(ClientToken(name, token, env, tuple(rights)))
     return tuple(out)
+
+
+# ---- tls: HTTPS for clients and between nodes (docs/operations.md) -----------------------
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Every node serves HTTPS with `cert` and `key`; clients and nodes verify the nodes'
+    certificates against `ca` (else the system's trust store)."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"cert": str(self.cert), "key": str(self.key)}
+        if self.ca is not None:
+            out["ca"] = str(self.ca)
+        return out
+
+    def client_context(self) -> ssl.SSLContext:
+        """What a client or a node calling another verifies the nodes with."""
+        return ssl.create_default_context(cafile=str(self.ca) if self.ca is not None else None)
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(str(self.cert), str(self.key))
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"tls: cannot load cert {self.cert} / key {self.key}: {e}") from None
+        return ctx
+
+
+def _tls(raw: Any, base_dir: Path | None) -> TlsConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("tls: expected a mapping with cert, key and optionally ca")
+    for key in raw:
+        if key not in ("cert", "key", "ca"):
+            raise ConfigError(f"tls.{key}: unknown field (known: ca, cert, key)")
+
+    def path(name: str) -> Path:
+        value = raw.get(name)
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"tls.{name}: expected a path string, got {value!r}")
+        p = Path(value).expanduser()
+        return (base_dir / p).resolve() if not p.is_absolute() and base_dir is not None else p
+
+    return TlsConfig(
+        cert=path("cert"), key=path("key"), ca=path("ca") if raw.get("ca") is not None else None
+    )

@@ -160,3 +160,19 @@ def test_configs_are_frozen() -> None:
     config = ClusterConfig.from_dict(_good())
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.replication = 3  # type: ignore[misc]
+
+
+def test_a_tls_block_makes_every_node_url_https_and_names_its_paths(tmp_path: Path) -> None:
+    path = _write(tmp_path, _with(tls={"cert": "node.pem", "key": "/etc/zdmq/node.key"}))
+    config = ClusterConfig.load(path)
+    assert config.tls is not None
+    assert config.tls.cert == tmp_path / "node.pem" and config.tls.ca is None
+    assert {n.url.split(":")[0] for n in config.nodes} == {"https"}
+    assert config.nodes[0].url == "https://127.0.0.1:7701"
+    assert ClusterConfig.from_dict(config.to_dict()).tls == config.tls
+    assert ClusterConfig.from_dict(_good()).nodes[0].url == "http://127.0.0.1:7701"
+    for bad, message in (({"cert": "a"}, "tls.key"), ({"cert": "a", "key": "b", "x": 1}, "tls.x")):
+        with pytest.raises(ConfigError, match=message):
+            ClusterConfig.from_dict(_with(tls=bad))
+    with pytest.raises(ConfigError, match="cannot load cert"):
+        config.tls.server_context()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import ssl
 import time
 import uuid
 from collections import defaultdict
@@ -99,9 +100,12 @@ class Client:
         max_connections: int = 256,
         metadata_ttl_s: float = 2.0,
         token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         """`token`: the client token sent as `Authorization: Bearer` on every call (else
-        $ZDMQ_TOKEN, else none: a cluster without `auth.client_tokens` needs none)."""
+        $ZDMQ_TOKEN, else none: a cluster without `auth.client_tokens` needs none).
+        `ssl_context`: how https:// nodes are verified (default: the config's `tls.ca`,
+        else the system's trust store)."""
         if isinstance(urls, str):
             urls = [urls]
         if not urls and config is None:
@@ -112,6 +116,9 @@ class Client:
         self._max_connections = max_connections
         self._metadata_ttl_s = metadata_ttl_s
         self._token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        if ssl_context is None and config is not None:
+            ssl_context = config.client_ssl()
+        self._ssl = ssl_context
         self._session: _http.HttpPool | None = None
         self._urls: dict[str, str] = {}
         self._placement: Placement | None = None
@@ -144,6 +151,7 @@ class Client:
             timeout_s=self._timeout_s,
             limit_per_host=self._max_connections,
             headers=bearer_headers(self._token),
+            ssl_context=self._ssl,
         )
         try:
             if self._config is not None:

@@ -573,15 +573,19 @@ async def serve_app(
     ready: Callable[[], None] | None = None,
     idle_s: float = 75.0,
     shutdown_timeout_s: float = 2.0,
+    ssl: Any = None,
 ) -> None:
     """Runs `app` on the listening socket `sock` until `stop` is set: startup hooks,
     serve, then stop accepting, let running handlers finish (up to
-    `shutdown_timeout_s`), close every connection, cleanup hooks."""
+    `shutdown_timeout_s`), close every connection, cleanup hooks. `ssl`: an
+    `ssl.SSLContext` to serve HTTPS with."""
     for hook in app.on_startup:
         await hook(app)
     server_state = _Server(app, idle_s)
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _HttpProtocol(server_state), sock=sock, backlog=1024)
+    server = await loop.create_server(
+        lambda: _HttpProtocol(server_state), sock=sock, backlog=1024, ssl=ssl
+    )
     reaper = loop.create_task(_reap(server_state))
     try:
         if ready is not None:

@@ -257,6 +257,7 @@ class Node:
             timeout_s=self.config.request_timeout_s,
             limit_per_host=64,
             sign=NodeSigner(self.secret, self.id),
+            ssl_context=self.config.client_ssl(),
         )
 
     async def stop(self) -> None:

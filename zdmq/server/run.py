@@ -28,6 +28,7 @@ log = logging.getLogger("zdmq.node")
 async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = None) -> None:
     me = config.node(node_id)
     app = make_app(config, node_id)
+    tls = config.tls.server_context() if config.tls is not None else None
     if listen_fd is not None:
         # The harness bound this socket on port 0 and passed it down: no port race.
         sock = socket.socket(fileno=listen_fd)
@@ -55,7 +56,7 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
         print(f"READY {node_id} {me.url}", flush=True)
 
     try:
-        await serve_app(app, sock, stop, ready=ready)
+        await serve_app(app, sock, stop, ready=ready, ssl=tls)
     finally:
         log.info("node %s stopped", node_id)
 

@@ -221,7 +221,9 @@ class NodeLeaser:
 
     def batches(self, loop: asyncio.AbstractEventLoop) -> Iterator[pa.RecordBatch]:
         pool = _http.HttpPool(
-            timeout_s=self.config.request_timeout_s + 5.0, headers=bearer_headers(self.token)
+            timeout_s=self.config.request_timeout_s + 5.0,
+            headers=bearer_headers(self.token),
+            ssl_context=self.config.client_ssl(),
         )
         idle_since: float | None = None
         ahead: asyncio.Task[list[dict[str, Any]]] | None = None
@@ -299,7 +301,9 @@ async def lease_all(
     """
     config = cluster_from(layout)
     pool = _http.HttpPool(
-        timeout_s=config.request_timeout_s + 5.0, headers=bearer_headers(token_of(layout))
+        timeout_s=config.request_timeout_s + 5.0,
+        headers=bearer_headers(token_of(layout)),
+        ssl_context=config.client_ssl(),
     )
     builder = RowBuilder(schema, opts.decode)
     got: dict[str, list[dict[str, Any]]] = {n: [] for n in config.node_ids}
