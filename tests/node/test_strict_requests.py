@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from yarl import URL
 
 from tests.node.conftest import NodeHttp, expect_error
 
@@ -75,6 +76,29 @@ async def test_a_query_parameter_the_call_does_not_read_is_400_naming_it(
         await http.request(method, path, params=params), 400, "bad_request"
     )
     assert repr(next(iter(params))) in message
+
+
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("pop", "max=1&max=5"),
+        ("receive", "visibility_s=1&wait_s=0&visibility_s=2"),
+        ("ack", "delay_s=1&delay_s=true"),
+    ],
+)
+async def test_a_query_parameter_given_twice_is_400_naming_it(
+    http: Http, path: str, query: str
+) -> None:
+    assert (await http.put("/v1/queues/jobs")).status == 201
+    assert (await http.post("/v1/queues/jobs/messages", data=b"kept")).status == 201
+    resp = await http.post(
+        URL(f"/v1/queues/jobs/{path}?{query}", encoded=True),
+        json={"receipts": ["x"]} if path == "ack" else None,
+    )
+    message = await expect_error(resp, 400, "bad_request")
+    assert "more than once" in message
+    stats = await (await http.get("/v1/queues/jobs")).json()
+    assert stats["messages"] == 1 and stats["in_flight"] == 0
 
 
 async def test_a_refused_query_parameter_stores_and_takes_nothing(http: Http) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from importlib import resources
 from itertools import repeat
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -730,17 +731,22 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _taking(params: frozenset[str], handler: Handler) -> Handler:
-    """`handler`, refusing a query parameter it does not read (400 bad_request naming it):
-    a misspelt `visibilty_s` must not be ignored in silence."""
+    """`handler`, refusing a query parameter it does not read or one given twice (400
+    bad_request naming it): a misspelt `visibilty_s`, or the second `max`, must not be
+    ignored in silence."""
 
     async def checked(request: Request) -> Response:
         if request.query_string:
-            unknown = set(request.query) - params
+            names = [k for k, _ in parse_qsl(request.query_string, keep_blank_values=True)]
+            unknown = set(names) - params
             if unknown:
                 takes = ", ".join(sorted(params)) or "none"
                 raise BadRequest(
                     f"unknown query parameter(s) {sorted(unknown)}; this call takes: {takes}"
                 )
+            if len(names) > len(request.query):
+                repeated = sorted(k for k in set(names) if names.count(k) > 1)
+                raise BadRequest(f"query parameter(s) {repeated} given more than once")
         return await handler(request)
 
     return checked
