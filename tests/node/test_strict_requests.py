@@ -213,3 +213,18 @@ async def test_a_json_settle_checks_its_query_numbers_and_refuses_one_given_twic
     assert next(iter(params)) in message
     stats = await (await http.get("/v1/queues/jobs")).json()
     assert stats["in_flight"] == 1  # the lease is untouched
+
+
+async def test_a_null_id_dedup_id_or_content_type_in_a_batch_item_is_as_if_left_out(
+    http: Http,
+) -> None:
+    assert (await http.put("/v1/queues/jobs")).status == 201
+    item = {"body": "b", "id": None, "dedup_id": None, "content_type": None}
+    resp = await http.post("/v1/queues/jobs/batch", json={"messages": [item, item]})
+    assert resp.status == 201, await resp.text()
+    reply = await resp.json()
+    assert reply["duplicates"] == 0 and len(set(reply["ids"])) == 2  # two fresh ids
+    resp = await http.post("/v1/queues/jobs/pop", params={"max": "2"})
+    messages = (await resp.json())["messages"]
+    assert [m["body"] for m in messages] == ["b", "b"]
+    assert all("content_type" not in m for m in messages)
