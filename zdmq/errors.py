@@ -27,6 +27,7 @@ Callers retry on `retriable`, never on message text.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 __all__ = [
@@ -117,8 +118,14 @@ class RouteNotFound(ZdmqError):
 
 
 class MethodNotAllowed(ZdmqError):
+    """`allow`: the methods the path takes, sent back in the reply's `Allow` header."""
+
     status = 405
     code = "method_not_allowed"
+
+    def __init__(self, message: str = "", allow: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.allow = tuple(allow)
 
 
 class QueueExists(ZdmqError):

@@ -14,10 +14,11 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from importlib import resources
 from itertools import repeat
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -125,10 +126,14 @@ def _float_field(payload: dict[str, Any], name: str, lo: float, hi: float, defau
     return float(value)
 
 
+NO_BODY: Any = object()  # what `_json_body` gives for an empty body (JSON `null` is None)
+
+
 async def _json_body(request: Request) -> Any:
+    """The request body parsed as JSON, or `NO_BODY` when it is empty."""
     raw = await request.read()
     if not raw:
-        return None
+        return NO_BODY
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -234,8 +239,12 @@ async def create_queue(request: Request) -> Response:
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, await request.read())
+    payload = await _json_body(request)
+    if payload is None:  # settings left out are an empty body, not `null`
+        raise BadRequest("queue settings: expected a JSON object, got null")
     settings = QueueSettings.from_wire(
-        await _json_body(request), max_message_bytes=node.config.limits.max_message_bytes
+        None if payload is NO_BODY else payload,
+        max_message_bytes=node.config.limits.max_message_bytes,
     )
     await node.create_queue(queue, settings)
     return _json({"queue": queue, "settings": settings.to_wire()}, status=201)
@@ -475,6 +484,11 @@ def _delivery_wire(d: Delivery) -> dict[str, Any]:
     return m
 
 
+# zdmq-route: "local" acts on this node's own UUID queue only; "owner" marks a long poll a
+# node hands to the queue's metadata owner (routed as if the header were absent).
+_ROUTES = frozenset({None, "local", "owner"})
+
+
 async def _take(request: Request, *, receive: bool) -> list[Delivery]:
     node, queue = request.app[NODE], _queue(request)
     hi = MAX_RECEIVE if receive else node.config.limits.max_batch_messages
@@ -488,8 +502,13 @@ async def _take(request: Request, *, receive: bool) -> list[Delivery]:
         # still waiting, and is answered.
         raise NodeUnavailable("the caller closed the connection before the call ran")
     route = request.headers.get(ROUTE_HEADER)
+    if route not in _ROUTES:
+        raise BadRequest(f"{ROUTE_HEADER}: expected local or owner, got {route!r}")
+    listed_raw = request.headers.get(LISTED_HEADER)
+    if listed_raw not in (None, "1"):
+        raise BadRequest(f"{LISTED_HEADER}: expected 1, got {listed_raw!r}")
     if route == "local":
-        listed = request.headers.get(LISTED_HEADER) == "1"
+        listed = listed_raw == "1"
         got = await node.take_local(queue, limit, lease_s=lease_s, receive=receive, listed=listed)
     elif _forwarded(request) and node.meta_owner(queue) != node.id:
         raise Misrouted(f"{node.id} is not the metadata owner of {queue!r}")
@@ -540,8 +559,11 @@ async def _settle(request: Request, action: str) -> Response:
             raise BatchTooLarge(f"{len(receipts)} receipts is over the batch limit of {limit}")
 
         def given(name: str) -> float | None:
+            # The number may come as a field of the body or, as with a frame, in the query.
             if name not in payload:
-                return None
+                return _float_param(request, name, 0.0, MAX_VISIBILITY_S)
+            if name in request.query:
+                raise BadRequest(f"{name}: give it in the JSON body or the query, not both")
             return _float_field(payload, name, 0.0, MAX_VISIBILITY_S, 0.0)
 
     delay_s = given("delay_s") or 0.0
@@ -796,6 +818,41 @@ def _guarded(
     return guarded
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _taking(params: frozenset[str], handler: Handler) -> Handler:
+    """`handler`, refusing a query parameter it does not read or one given twice (400
+    bad_request naming it): a misspelt `visibilty_s`, or the second `max`, must not be
+    ignored in silence."""
+
+    async def checked(request: Request) -> Response:
+        if request.query_string:
+            names = [k for k, _ in parse_qsl(request.query_string, keep_blank_values=True)]
+            unknown = set(names) - params
+            if unknown:
+                takes = ", ".join(sorted(params)) or "none"
+                raise BadRequest(
+                    f"unknown query parameter(s) {sorted(unknown)}; this call takes: {takes}"
+                )
+            if len(names) > len(request.query):
+                repeated = sorted(k for k in set(names) if names.count(k) > 1)
+                raise BadRequest(f"query parameter(s) {repeated} given more than once")
+        return await handler(request)
+
+    return checked
+
+
+# The query parameters each public call reads; the others read none.
+_QUERY: dict[Callable[..., Any], frozenset[str]] = {
+    pop: frozenset({"max", "wait_s"}),
+    receive: frozenset({"max", "visibility_s", "wait_s"}),
+    ack: frozenset({"delay_s"}),
+    nack: frozenset({"delay_s"}),
+    extend: frozenset({"delay_s", "visibility_s"}),
+}
+
+
 def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App:
     secret = node_secret(config)
     check_serving(config)
@@ -830,6 +887,8 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
     app.on_startup.append(startup)
     app.on_cleanup.append(cleanup)
     for method, path, handler, need in ROUTES:
+        if need != NODE_ONLY:
+            handler = _taking(_QUERY.get(handler, frozenset()), handler)
         app.route(method, path, _guarded(handler, need, nodes, clients))
     return app
 

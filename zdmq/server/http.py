@@ -133,7 +133,10 @@ def json_response(payload: Any, status: int = 200) -> Response:
 
 
 def error_response(err: ZdmqError) -> Response:
-    return json_response(err.to_wire(), status=err.status)
+    resp = json_response(err.to_wire(), status=err.status)
+    if isinstance(err, MethodNotAllowed) and err.allow:
+        resp.headers["Allow"] = ", ".join(err.allow)  # RFC 9110: a 405 lists what the path takes
+    return resp
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -187,7 +190,7 @@ class App:
             raise RouteNotFound(f"no route {request.method} {path}")
         handler = methods.get(request.method)
         if handler is None:
-            raise MethodNotAllowed(f"{request.method} is not allowed on {path}")
+            raise MethodNotAllowed(f"{request.method} is not allowed on {path}", sorted(methods))
         return handler
 
     def _match(self, path: str) -> tuple[dict[str, Handler], dict[str, str]] | None:
