@@ -9,6 +9,7 @@
     ├── QueueNotFound         404
     ├── RouteNotFound         404  no such endpoint
     ├── MethodNotAllowed      405
+    ├── RequestTimeout        408  a request head or body did not arrive in time
     ├── QueueExists           409
     ├── QueueLimitReached     409  the metadata owner keeps limits.max_queues queues already
     ├── MessageIdConflict     409  a caller-chosen id is stored in another queue
@@ -42,6 +43,7 @@ __all__ = [
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
+    "RequestTimeout",
     "RouteNotFound",
     "StorageFailed",
     "ZdmqError",
@@ -107,6 +109,11 @@ class MethodNotAllowed(ZdmqError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(ZdmqError):
+    status = 408
+    code = "request_timeout"
+
+
 class QueueExists(ZdmqError):
     status = 409
     code = "queue_exists"
@@ -166,6 +173,7 @@ def from_wire(status: int, payload: Any) -> ZdmqError:
             400: BadRequest,
             404: RouteNotFound,
             405: MethodNotAllowed,
+            408: RequestTimeout,
             409: QueueExists,
             413: MessageTooLarge,
             421: Misrouted,
