@@ -248,7 +248,12 @@ class Node:
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         self.state = await asyncio.to_thread(self.storage.load)
-        self._session = _http.HttpPool(timeout_s=self.config.request_timeout_s, limit_per_host=64)
+        # Idle connections are dropped well before the other nodes close them.
+        self._session = _http.HttpPool(
+            timeout_s=self.config.request_timeout_s,
+            limit_per_host=64,
+            idle_s=min(30.0, self.config.limits.idle_timeout_s / 2),
+        )
 
     async def stop(self) -> None:
         for timer in self._drop_timers.values():
