@@ -6,7 +6,10 @@ plain asyncio protocol (docs/design.md §13), and one-at-a-time pushes
 are what RDSQ's workload measures. This module speaks just the HTTP/1.1 a client
 needs: keep-alive connections per host (at most `limit_per_host` at once), requests
 with a Content-Length body, and replies framed by Content-Length, chunked encoding
-or the end of the connection.
+or the end of the connection. Reply heads are read strictly (RFC 9112): framing that
+could be read two ways, bare CR or LF, a header name that is not a token and the like
+fail the call. It is not llhttp (which the node's server uses) because llhttp copies a
+large reply's body once more (docs/design.md §13).
 
 A connection failure, a reset or a timeout becomes `NodeUnavailable` (retriable); a
 non-2xx reply becomes the typed error its JSON body names. A connection is reused

@@ -211,3 +211,25 @@ def test_numeric_query_values_in_ascii_digits_are_served(node: Addr) -> None:
     assert call(node, "POST", f"/v1/queues/{q}/messages", b"one").status == 201
     reply = call(node, "POST", f"/v1/queues/{q}/receive?max=10&visibility_s=1.5&wait_s=0", b"")
     assert reply.status == 200, reply
+
+
+def test_requests_before_a_bad_one_are_answered_then_it_is_refused(node: Addr) -> None:
+    q = new_queue(node, "before-bad")
+    raw = (
+        request("POST", f"/v1/queues/{q}/messages", b"first")
+        + b"POST /v1/queues/x/messages HTTP/1.1\r\nHost: edge\r\nContent-Length: 1\r\n"
+        + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        + request("DELETE", f"/v1/queues/{q}")
+    )
+    ex = exchange(node, raw)
+    assert ex.closed and [r.status for r in ex.replies] == [201, 400], ex
+    assert queue_exists(node, q)
+
+
+def test_a_request_asking_to_switch_protocols_is_answered_then_closed(node: Addr) -> None:
+    q = new_queue(node, "upgrade")
+    headers = {"Connection": "Upgrade", "Upgrade": "websocket"}
+    raw = request("GET", "/v1/health", None, headers) + request("DELETE", f"/v1/queues/{q}")
+    ex = exchange(node, raw)
+    assert ex.closed and [r.status for r in ex.replies] == [200], ex
+    assert queue_exists(node, q)
