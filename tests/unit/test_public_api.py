@@ -32,6 +32,7 @@ PUBLIC = {
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
+    "RequestTimeout",
     "QueueSettings",
     "QueueStats",
     "ReceivedMessage",
