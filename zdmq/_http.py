@@ -6,7 +6,10 @@ plain asyncio protocol (docs/design.md §13), and one-at-a-time pushes
 are what RDSQ's workload measures. This module speaks just the HTTP/1.1 a client
 needs: keep-alive connections per host (at most `limit_per_host` at once), requests
 with a Content-Length body, and replies framed by Content-Length, chunked encoding
-or the end of the connection.
+or the end of the connection. Reply heads are read strictly (RFC 9112): framing that
+could be read two ways, bare CR or LF, a header name that is not a token and the like
+fail the call. It is not llhttp (which the node's server uses) because llhttp copies a
+large reply's body once more (docs/design.md §13).
 
 A connection failure, a reset or a timeout becomes `NodeUnavailable` (retriable); a
 non-2xx reply becomes the typed error its JSON body names. A connection is reused
@@ -59,6 +62,10 @@ _JOIN_MAX_BYTES = 64 * 1024
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9/%:@!$&'()*+,;=\-._~]*")
 _monotonic = time.monotonic
+_VERSIONS = frozenset({"HTTP/1.1", "HTTP/1.0"})
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_TOKENS: set[str] = set()  # header names seen to be tokens (a peer sends the same few)
+_SINGLE = frozenset({"content-length", "transfer-encoding"})  # a repeat that differs: refused
 
 
 class Headers(Mapping[str, str]):
@@ -312,12 +319,18 @@ class _Conn(asyncio.Protocol):
 
 def _reply_head(text: str, head_request: bool) -> tuple[int, dict[str, str], bool, int]:
     """A reply head's (status, headers, keep-alive, body bytes expected: -1 until the
-    connection ends, -2 chunked)."""
+    connection ends, -2 chunked). Strict RFC 9112: a head whose framing could be read two
+    ways (Content-Length with Transfer-Encoding, a coding other than chunked, differing
+    lengths), a bare CR or LF, a header name that is not a token or a value with NUL, an
+    obsolete line fold, or a version other than HTTP/1.0 and 1.1 is a `_ProtocolError`."""
+    crlf = text.count("\r\n")
+    if text.count("\r") != crlf or text.count("\n") != crlf:
+        raise _ProtocolError("a bare CR or LF in the reply head")
     first, _, rest = text.partition("\r\n")
     parts = first.split(" ", 2)
     if (
         len(parts) < 2
-        or not parts[0].startswith("HTTP/1.")
+        or parts[0] not in _VERSIONS
         or not (len(parts[1]) == 3 and parts[1].isascii() and parts[1].isdigit())
     ):
         raise _ProtocolError(f"bad status line {first[:100]!r}")
@@ -326,27 +339,46 @@ def _reply_head(text: str, head_request: bool) -> tuple[int, dict[str, str], boo
     if rest:
         for line in rest.split("\r\n"):
             name, sep, value = line.partition(":")
-            if not sep:
-                raise _ProtocolError(f"bad header line {line!r}")
-            headers[name.strip().lower()] = value.strip()
+            if not sep or "\x00" in value or not _is_token(name):
+                raise _ProtocolError(f"bad header line {line[:100]!r}")
+            name = name.lower()
+            value = value.strip(" \t")
+            if name in headers and name in _SINGLE and headers[name] != value:
+                raise _ProtocolError(f"more than one {name} header")
+            headers[name] = value
     conn = headers.get("connection")
     if parts[0] == "HTTP/1.1":
         keep = conn is None or conn.lower() != "close"
     else:
         keep = conn is not None and conn.lower() == "keep-alive"
     te = headers.get("transfer-encoding")
+    cl = headers.get("content-length")
+    if te is not None:
+        if cl is not None:
+            raise _ProtocolError("Content-Length together with Transfer-Encoding")
+        if te.lower() != "chunked" or parts[0] != "HTTP/1.1":
+            raise _ProtocolError(f"unsupported Transfer-Encoding {te[:40]!r}")
+    if cl is not None and not (cl.isascii() and cl.isdigit() and len(cl) <= 18):
+        raise _ProtocolError(f"bad Content-Length {cl[:40]!r}")
     if head_request or status == 204 or status == 304 or 100 <= status < 200:
         want = 0
-    elif te is not None and "chunked" in te.lower():
+    elif te is not None:
         want = -2
-    elif "content-length" in headers:
-        raw = headers["content-length"]
-        if not (raw.isascii() and raw.isdigit()):
-            raise _ProtocolError(f"bad Content-Length {raw[:40]!r}")
-        want = int(raw)
+    elif cl is not None:
+        want = int(cl)
     else:
         want = -1
     return status, headers, keep, want
+
+
+def _is_token(name: str) -> bool:
+    if name in _TOKENS:
+        return True
+    if _TOKEN.fullmatch(name) is None:
+        return False
+    if len(_TOKENS) < 256:
+        _TOKENS.add(name)
+    return True
 
 
 class ChunkError(ValueError):

@@ -32,7 +32,16 @@ __all__ = [
 
 Durability = Literal["fsync", "os", "memory"]
 _DURABILITIES: tuple[str, ...] = ("fsync", "os", "memory")
-_LIMIT_FIELDS = ("max_batch_messages", "max_message_bytes", "max_queues", "max_request_bytes")
+_LIMIT_FIELDS = (
+    "body_timeout_s",
+    "head_timeout_s",
+    "idle_timeout_s",
+    "max_batch_messages",
+    "max_connections",
+    "max_message_bytes",
+    "max_queues",
+    "max_request_bytes",
+)
 _NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -68,6 +77,14 @@ class Limits:
     max_queues: int = 100_000
     # One request body (a batch travels as JSON, base64 bodies grow by 4/3).
     max_request_bytes: int = 16 * 1024 * 1024
+    # The HTTP edge: a request head must be whole this long after its first byte; a body
+    # must not go this long without a byte (both: 408 and close); a keep-alive
+    # connection with no request is closed after idle_timeout_s.
+    head_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 75.0
+    # Open client connections one node serves; one more gets 503 and is closed.
+    max_connections: int = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +218,10 @@ class ClusterConfig:
                 "max_batch_messages": self.limits.max_batch_messages,
                 "max_queues": self.limits.max_queues,
                 "max_request_bytes": self.limits.max_request_bytes,
+                "head_timeout_s": self.limits.head_timeout_s,
+                "body_timeout_s": self.limits.body_timeout_s,
+                "idle_timeout_s": self.limits.idle_timeout_s,
+                "max_connections": self.limits.max_connections,
             },
             "repair_interval_s": self.repair_interval_s,
             "request_timeout_s": self.request_timeout_s,
@@ -253,6 +274,10 @@ def _limits(raw: Any) -> Limits:
         max_batch_messages=_int(raw, "max_batch_messages", 1000, 1, 100_000, "limits."),
         max_queues=_int(raw, "max_queues", 100_000, 1, 10_000_000, "limits."),
         max_request_bytes=_int(raw, "max_request_bytes", 16 << 20, 1024, 1 << 30, "limits."),
+        head_timeout_s=_float(raw, "head_timeout_s", 10.0, 0.05, 3600.0, "limits."),
+        body_timeout_s=_float(raw, "body_timeout_s", 30.0, 0.05, 3600.0, "limits."),
+        idle_timeout_s=_float(raw, "idle_timeout_s", 75.0, 0.05, 86400.0, "limits."),
+        max_connections=_int(raw, "max_connections", 10_000, 1, 1_000_000, "limits."),
     )
     if limits.max_request_bytes < 2 * limits.max_message_bytes:
         raise ConfigError(
@@ -269,10 +294,12 @@ def _int(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefi
     return value
 
 
-def _float(raw: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+def _float(
+    raw: Mapping[str, Any], key: str, default: float, lo: float, hi: float, prefix: str = ""
+) -> float:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise ConfigError(f"{key}: expected a number in {lo}..{hi}, got {value!r}")
+        raise ConfigError(f"{prefix}{key}: expected a number in {lo}..{hi}, got {value!r}")
     return float(value)
 
 

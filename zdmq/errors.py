@@ -11,6 +11,7 @@
     ├── QueueNotFound         404
     ├── RouteNotFound         404  no such endpoint
     ├── MethodNotAllowed      405
+    ├── RequestTimeout        408  a request head or body did not arrive in time
     ├── QueueExists           409
     ├── QueueLimitReached     409  the metadata owner keeps limits.max_queues queues already
     ├── MessageIdConflict     409  a caller-chosen id is stored in another queue
@@ -46,6 +47,7 @@ __all__ = [
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
+    "RequestTimeout",
     "RouteNotFound",
     "StorageFailed",
     "Unauthorized",
@@ -128,6 +130,11 @@ class MethodNotAllowed(ZdmqError):
         self.allow = tuple(allow)
 
 
+class RequestTimeout(ZdmqError):
+    status = 408
+    code = "request_timeout"
+
+
 class QueueExists(ZdmqError):
     status = 409
     code = "queue_exists"
@@ -189,6 +196,7 @@ def from_wire(status: int, payload: Any) -> ZdmqError:
             403: Forbidden,
             404: RouteNotFound,
             405: MethodNotAllowed,
+            408: RequestTimeout,
             409: QueueExists,
             413: MessageTooLarge,
             421: Misrouted,

@@ -175,7 +175,9 @@ def test_a_raw_push_whose_content_type_header_is_not_a_media_type_is_refused(
         node, "POST", f"/v1/queues/{q}/messages", b"x", **{"Content-Type": ctype}
     )
     assert status == 400, body
-    assert json.loads(body)["error"]["code"] == "invalid_message"
+    # A line break inside a header is refused by the HTTP framing before any handler.
+    code = "bad_request" if "\n" in ctype else "invalid_message"
+    assert json.loads(body)["error"]["code"] == code
     assert _depth(node, q) == 0
 
 

@@ -124,6 +124,17 @@ BAD_FILES: dict[str, tuple[Any, str]] = {
         _with(limits={"max_message_bytes": 0}),
         r"^limits\.max_message_bytes: ",
     ),
+    "head_timeout_zero": (_with(limits={"head_timeout_s": 0}), r"^limits\.head_timeout_s: "),
+    "body_timeout_a_string": (
+        _with(limits={"body_timeout_s": "30s"}),
+        r"^limits\.body_timeout_s: ",
+    ),
+    "idle_timeout_negative": (_with(limits={"idle_timeout_s": -1}), r"^limits\.idle_timeout_s: "),
+    "max_connections_zero": (_with(limits={"max_connections": 0}), r"^limits\.max_connections: "),
+    "max_connections_a_float": (
+        _with(limits={"max_connections": 10.5}),
+        r"^limits\.max_connections: ",
+    ),
     "repair_interval_too_small": (_with(repair_interval_s=0), r"^repair_interval_s: "),
     "request_timeout_a_string": (_with(request_timeout_s="1s"), r"^request_timeout_s: "),
     "unregister_grace_negative": (_with(unregister_grace_s=-1), r"^unregister_grace_s: "),
@@ -154,6 +165,17 @@ def test_config_error_is_also_a_value_error() -> None:
 def test_the_default_replication_of_2_needs_two_nodes(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^replication: 2 copies need at least 2 nodes"):
         ClusterConfig.load(_write(tmp_path, {"nodes": [{"id": "a", "port": 9000}]}))
+
+
+def test_the_http_edge_limits_have_defaults_and_round_trip(tmp_path: Path) -> None:
+    limits = ClusterConfig.from_dict(_good()).limits
+    assert (limits.head_timeout_s, limits.body_timeout_s, limits.idle_timeout_s) == (10, 30, 75)
+    assert limits.max_connections == 10_000
+    raw = _with(limits={"head_timeout_s": 1.5, "body_timeout_s": 2, "max_connections": 7})
+    config = ClusterConfig.from_dict(raw)
+    assert (config.limits.head_timeout_s, config.limits.body_timeout_s) == (1.5, 2.0)
+    assert config.limits.max_connections == 7
+    assert ClusterConfig.from_dict(config.to_dict()).limits == config.limits
 
 
 def test_configs_are_frozen() -> None:

@@ -695,6 +695,39 @@ async def test_a_malformed_reply_raises_node_unavailable_without_hanging(
         await unavailable_quickly(pool, peer.url)
 
 
+# Replies whose framing could be read two ways, or whose head is not strict HTTP/1.1: each
+# is complete as an older, looser reader would see it (the peer then closes), and each is
+# refused rather than read.
+AMBIGUOUS_REPLIES = {
+    "cl-and-te": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"2\r\nok\r\n0\r\n\r\n",
+    "xchunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: xchunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+    "gzip-chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+    b"2\r\nok\r\n0\r\n\r\n",
+    "two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok",
+    "space-in-name": b"HTTP/1.1 200 OK\r\nX A: 1\r\nContent-Length: 2\r\n\r\nok",
+    "space-before-colon": b"HTTP/1.1 200 OK\r\nContent-Length : 2\r\n\r\nok",
+    "nul-in-value": b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\nok",
+    "bare-lf": b"HTTP/1.1 200 OK\nContent-Length: 2\r\n\r\nok",
+    "bare-cr": b"HTTP/1.1 200 OK\r\nX-A: a\rb\r\nContent-Length: 2\r\n\r\nok",
+    "obs-fold": b"HTTP/1.1 200 OK\r\nX-A: a\r\n b\r\nContent-Length: 2\r\n\r\nok",
+    "http-1.9": b"HTTP/1.9 200 OK\r\nContent-Length: 2\r\n\r\nok",
+    "long-length": b"HTTP/1.1 200 OK\r\nContent-Length: " + b"0" * 30 + b"2\r\n\r\nok",
+}
+
+
+@pytest.mark.parametrize("wire", AMBIGUOUS_REPLIES.values(), ids=AMBIGUOUS_REPLIES.keys())
+async def test_a_reply_with_ambiguous_or_loose_framing_is_refused(
+    pool: HttpPool, wire: bytes
+) -> None:
+    async def send_and_close(req: Received, writer: asyncio.StreamWriter) -> bool:
+        writer.write(wire)
+        return False
+
+    async with Peer(send_and_close) as peer:
+        await unavailable_quickly(pool, peer.url)
+
+
 async def test_a_reply_head_over_64_kib_raises_node_unavailable(pool: HttpPool) -> None:
     # The head never ends and the connection stays open: only the size limit stops it.
     async def endless_head(req: Received, writer: asyncio.StreamWriter) -> bool:

@@ -33,6 +33,7 @@ PUBLIC = {
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
+    "RequestTimeout",
     "QueueSettings",
     "QueueStats",
     "ReceivedMessage",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -93,14 +94,19 @@ def _queue(request: Request) -> str:
     return validate_queue_name(request.match_info["queue"])
 
 
+_DIGITS = re.compile(r"[0-9]{1,18}")
+# What Python's repr() of a non-negative float can look like ("30.0", "1.5e-05").
+_DECIMAL = re.compile(r"(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][-+]?[0-9]{1,3})?")
+
+
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"{name}: expected an integer in {lo}..{hi}, got {raw!r}") from None
+    # ASCII digits only: int() would also take "+5", "1_0", " 5" and non-ASCII digits.
+    if not _DIGITS.fullmatch(raw):
+        raise BadRequest(f"{name}: expected an integer in {lo}..{hi}, got {raw[:40]!r}")
+    value = int(raw)
     if not lo <= value <= hi:
         raise BadRequest(f"{name}: expected an integer in {lo}..{hi}, got {value}")
     return value
@@ -110,11 +116,12 @@ def _float_param(request: Request, name: str, lo: float, hi: float) -> float | N
     raw = request.query.get(name)
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise BadRequest(f"{name}: expected a number in {lo:g}..{hi:g}, got {raw!r}") from None
-    if not lo <= value <= hi:  # also refuses nan
+    # ASCII digits, an optional fraction and exponent: float() would also take "+5", "1_0",
+    # "inf", "nan", spaces and non-ASCII digits.
+    if not _DECIMAL.fullmatch(raw):
+        raise BadRequest(f"{name}: expected a number in {lo:g}..{hi:g}, got {raw[:40]!r}")
+    value = float(raw)
+    if not lo <= value <= hi:
         raise BadRequest(f"{name}: expected a number in {lo:g}..{hi:g}, got {raw}")
     return value
 

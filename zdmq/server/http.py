@@ -1,14 +1,22 @@
 """The node's HTTP/1.1 server: an asyncio protocol, a router, requests and replies.
 
-Why not aiohttp's server: a node answers small requests one at a time for most of its
-life, and on this machine aiohttp's request pipeline costs about 75 µs of CPU per call
-more than this module (docs/design.md §13). What a zdmq node needs of
-HTTP is small and fixed:
+Requests are parsed by llhttp (Node.js's parser, fuzzed and strict) through `httptools`,
+under this module's own lean asyncio protocol rather than aiohttp's server: a node answers
+small requests one at a time for most of its life, and aiohttp's request pipeline costs
+about 75 µs of CPU per call more (docs/design.md §13). What a zdmq node needs of HTTP is
+small and fixed:
 
 - keep-alive connections (HTTP/1.1 by default, HTTP/1.0 when asked), requests handled
-  one at a time per connection in arrival order (pipelined requests wait their turn);
-- bodies framed by Content-Length or chunked encoding, bounded by `max_body` (a larger
-  one gets 413 and the connection closes), `Expect: 100-continue` answered;
+  one at a time per connection in arrival order; the next pipelined request is handled
+  only once the reply before it has been handed to the socket, and a connection is not
+  read while its replies are not drained (memory per connection stays bounded);
+- strict RFC 9112 framing: bodies framed by Content-Length or chunked encoding alone
+  (both at once, any other transfer coding, a bad length: refused and the connection
+  closed), one Host on HTTP/1.1, HTTP/1.0 and 1.1 only; a body over `max_body` gets 413;
+  `Expect: 100-continue` answered;
+- time limits: a head must be whole within `head_timeout_s`, a body must not stall for
+  `body_timeout_s` (408 and close), an idle keep-alive connection closes after `idle_s`;
+  above `max_connections` open connections a new one gets 503 and is closed;
 - every reply framed by Content-Length; errors as zdmq's JSON error body.
 
 A handler is `async def handler(request) -> Response`. A handler still running when
@@ -25,20 +33,23 @@ import logging
 import re
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+import httptools
 import orjson
 
-from zdmq._http import ChunkError, Dechunker, Headers, take
+from zdmq._http import Headers
 from zdmq.errors import (
     BadRequest,
     InternalError,
     MessageTooLarge,
     MethodNotAllowed,
     NodeUnavailable,
+    RequestTimeout,
     RouteNotFound,
     ZdmqError,
 )
@@ -47,7 +58,13 @@ __all__ = ["App", "Request", "Response", "json_response", "serve_app"]
 
 log = logging.getLogger("zdmq.http")
 
-_MAX_HEAD = 64 * 1024
+_MAX_HEAD = 64 * 1024  # a request head (and a chunked body's trailers), in bytes
+# Unparsed bytes kept while a request is handled; beyond them the connection is not read.
+_READ_AHEAD = 256 * 1024
+# What a chunked body may carry beyond its data: framing per chunk (a size line and its
+# CRLFs, extensions included) and its trailers (bounded by _MAX_HEAD themselves).
+_CHUNK_FRAMING = 64
+_LINGER_S = 2.0  # how long a refused connection is drained before it is closed
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, r.encode()) for code, r in _REASONS.items()}
@@ -225,223 +242,313 @@ class _Date:
         return cls.line
 
 
+_IDLE, _HEAD, _BODY = 0, 1, 2  # where the parser is: between requests, in a head, in a body
+_METHODS: dict[bytes, str] = {}  # llhttp's method names, decoded once each
+_EOL = (b"\n", b"\r")
+_NO_VERSION = ("0.0", "0.9")  # llhttp's version of a request line that has none
+
+
 class _HttpProtocol(asyncio.Protocol):
+    """One connection. llhttp parses what is read and calls the `on_*` methods; a whole
+    request goes to `queue` and its handler runs once the one before it has replied.
+    While a handler runs, or replies wait to drain, what is read is kept unparsed in
+    `buf` (at most `_READ_AHEAD` bytes, then reading stops), so at most one read's worth
+    of pipelined requests is ever parsed ahead."""
+
     def __init__(self, server: _Server) -> None:
         self.server = server
         self.app = server.app
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
+        self.parser = httptools.HttpRequestParser(self)
+        self.state = _IDLE
+        self.last_active = _monotonic()
+        self.head_started = 0.0
+        # The request being parsed.
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.head_bytes = 0  # its head's bytes seen in callbacks (url, headers, trailers)
+        self.fed = 0  # bytes of reads that carried only this request
+        self.parts: list[bytes] = []
+        self.got = 0  # body bytes in `parts`
+        self.chunks = 0
+        self.expect = False  # it asked for 100 Continue
+        self.method = ""
+        self.path = ""
+        self.query = ""
+        self.keep = True
+        self.http10 = False
+        self.completed = False  # a request ended in the read being parsed
+        # Parsed requests waiting their turn, (request, keep-alive, HTTP/1.0), and the
+        # refusal of a bad one (nothing after it is read).
+        self.queue: deque[tuple[Request, bool, bool] | _Refuse] = deque()
+        self.buf = bytearray()  # read, not yet parsed
         self.busy = False  # a handler is running
+        self.task: asyncio.Task[None] | None = None
+        self.done = False  # nothing more is parsed: a refusal, Connection: close, an upgrade
         self.closing = False
         self.eof = False  # the caller half-closed: finish what it sent, then close
-        self.paused = False
-        self.last_active = _monotonic()
-        self.task: asyncio.Task[None] | None = None
-        # The request being read: (method, path, query, version, headers, keep_alive).
-        self.head: tuple[str, str, str, str, dict[str, str], bool] | None = None
-        self.want = 0  # body bytes expected (Content-Length), or -2: chunked
-        self.chunks: Dechunker | None = None
-        # A Content-Length body longer than the bytes at hand: its pieces as they came,
-        # joined once when the last arrives (`_body_part`), so a large body is copied
-        # once on its way from the socket reads to the handler. None: not collecting.
-        self.parts: list[bytes | memoryview | bytearray] | None = None
-        self.got = 0  # bytes in `parts`
+        self.read_paused = False
+        self.write_paused = False
+        self.refused = False  # over max_connections: answered 503, drained, closed
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        self.server.connections.add(self)
         _nodelay(transport)
+        server = self.server
+        if len(server.connections) >= server.max_connections:
+            self._refuse_connection()
+            return
+        server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.server.connections.discard(self)
 
+    def pause_writing(self) -> None:
+        # The caller does not read its replies: stop reading and handling its requests
+        # until what was written drains.
+        self.write_paused = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._continue()
+
     def eof_received(self) -> bool | None:
         # The caller has only stopped sending (a half-close): a request it sent may be
         # running, perhaps a pop that has already committed, and its reply must still
-        # go out. True keeps the transport open for writing; `_run` closes it once the
-        # requests already read are answered.
+        # go out. True keeps the transport open for writing; `_continue` closes it once
+        # the requests already read are answered.
         self.eof = True
-        if not self.busy and self.transport is not None:
-            self.closing = True
-            self.transport.close()
+        if self.refused:
+            return None
+        if not (self.busy or self.queue or self.buf) and self.transport is not None:
+            self._close()
         return True
 
     def data_received(self, data: bytes) -> None:
         self.last_active = _monotonic()
-        if self.parts is not None:
-            self._body_part(data)
-        elif self.busy:
+        if self.done:
+            return  # a refused or last request: the rest is not read
+        if self.busy or self.queue or self.write_paused:
             self.buf += data
-            if len(self.buf) > self.app.max_body + _MAX_HEAD and self.transport is not None:
-                # Pipelined requests beyond one full body wait in the kernel, not here.
-                self.transport.pause_reading()
-                self.paused = True
-        elif self.buf or self.head is not None:
-            self.buf += data
-            self._next()
-        else:
-            self._next(data)  # the common case: a read that starts a request
+            if len(self.buf) > _READ_AHEAD:
+                self._pause_reading()
+            return
+        self._feed(data)
 
     # ---- parsing
-    def _next(self, data: bytes | None = None) -> None:
-        """Parses and starts the next complete request: the one `data` (a read, with
-        nothing buffered) starts, else the next in the buffer."""
-        while not self.busy and not self.closing:
-            try:
-                if data is None:
-                    body = self._parse()
-                else:
-                    body = self._parse_read(data)
-                    data = None
-            except _Refuse as r:
-                self._refuse(r.err, r.status)
-                return
-            if body is None:
-                return
-            self._start(body)
-
-    def _parse_read(self, data: bytes) -> bytes | None:
-        """`_parse` for a request at the start of a read, nothing buffered: the head and
-        the body are taken from `data` itself, without going through the buffer."""
-        end = data.find(b"\r\n\r\n")
-        if end < 0 or end > _MAX_HEAD:
-            self.buf += data
-            return self._parse()
-        start = end + 4
-        self._head(data[:end].decode("latin-1"), more=len(data) > start)
-        want = self.want
-        if want < 0:  # chunked: decoded from the buffer
-            self.buf += memoryview(data)[start:]
-            return self._parse()
-        stop = start + want
-        if len(data) < stop:
-            self._collect(memoryview(data)[start:] if len(data) > start else None)
-            return None
-        if len(data) > stop:  # pipelined requests behind this one
-            self.buf += memoryview(data)[stop:]
-        return data[start:stop] if want else b""
-
-    def _parse(self) -> bytes | None:
-        """The body of the next whole request in the buffer (its head in `self.head`),
-        or None until more bytes arrive; `_Refuse` for one that must be refused."""
-        buf = self.buf
-        if self.head is None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0 or end > _MAX_HEAD:
-                if len(buf) > _MAX_HEAD:
-                    raise _Refuse(BadRequest("request head too large"), 431)
-                if buf[:2] == b"\r\n":  # stray CRLFs between requests are allowed
-                    del buf[:2]
-                return None
-            text = buf[:end].decode("latin-1")
-            del buf[: end + 4]
-            self._head(text, more=bool(buf))
-        want = self.want
-        if want >= 0:
-            if len(buf) < want:
-                self.buf = bytearray()
-                self._collect(buf or None)
-                return None
-            return take(buf, want)
-        if self.chunks is None:
-            self.chunks = Dechunker(self.app.max_body)
+    def _feed(self, data: bytes | bytearray) -> None:
+        """Parses `data`; queues the requests it completes (or the refusal of a bad one)
+        and starts the first."""
+        self.completed = False
         try:
-            got = self.chunks.feed(buf)
-        except ChunkError as e:
-            err = MessageTooLarge(str(e)) if e.status == 413 else BadRequest(str(e))
-            raise _Refuse(err, e.status) from None
-        if got is not None:
-            self.chunks = None
-        return got
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # A request asking to switch protocols was read whole: it is answered as
+            # any other, and the connection closes after it.
+            self._last_request()
+        except httptools.HttpParserError as e:
+            if not self.done:
+                cause = e.__context__
+                if isinstance(cause, _Refuse):
+                    self._queue_refusal(cause)
+                else:
+                    text = str(e)
+                    status = 505 if "HTTP version" in text else None
+                    self._queue_refusal(_Refuse(BadRequest(f"bad request: {text}"), status))
+        else:
+            if self.state != _IDLE:
+                self._check_partial(data)
+        if self.queue and not self.busy:
+            self._next()
 
-    def _head(self, text: str, *, more: bool) -> None:
-        """Parses a request head (`more`: body bytes came with it) into `self.head` and
-        `self.want`; `_Refuse` for one that must be refused."""
-        lines = text.lstrip("\r\n").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _Refuse(BadRequest(f"bad request line {lines[0][:100]!r}"))
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
-                raise _Refuse(BadRequest(f"bad header line {line[:100]!r}"))
-            key = name.lower()
-            value = value.strip()
-            if key == "content-length" and key in headers and headers[key] != value:
-                raise _Refuse(BadRequest("conflicting Content-Length headers"))
-            headers[key] = value
-        conn = headers.get("connection")
-        if version == "HTTP/1.1":
-            keep = conn is None or conn.lower() != "close"
-        else:
-            keep = conn is not None and conn.lower() == "keep-alive"
-        te = headers.get("transfer-encoding")
-        if te is not None and "chunked" in te.lower():
-            want = -2
-        else:
-            raw = headers.get("content-length", "0")
-            if not (raw.isascii() and raw.isdigit()):
-                raise _Refuse(BadRequest(f"bad Content-Length {raw[:40]!r}"))
-            want = int(raw)
-            if want > self.app.max_body:
-                raise _Refuse(
-                    MessageTooLarge(
-                        f"request body of {want} bytes is over the {self.app.max_body}-byte limit"
-                    ),
-                    413,
-                )
-        path, _, query = target.partition("?")
-        if not path.startswith("/"):
-            raise _Refuse(BadRequest(f"bad request target {target[:100]!r}"))
-        self.want = want
-        self.head = (method, path, query, version, headers, keep)
-        expect = headers.get("expect")
-        if (
-            expect is not None
-            and expect.lower() == "100-continue"
-            and want != 0
-            and not more
-            and self.transport is not None
-        ):
+    def _check_partial(self, data: bytes | bytearray) -> None:
+        """Bounds on a request still being read after a read was parsed."""
+        if not self.completed:
+            # A read that carried only this request (a read that ended another one
+            # counts from the start of its next read on).
+            self.fed += len(data)
+        if self.state == _HEAD:
+            if self.fed > _MAX_HEAD or self.head_bytes > _MAX_HEAD:
+                self._queue_refusal(_Refuse(BadRequest("request head too large"), 431))
+            elif self.url and data[-1:] in _EOL and self.parser.get_http_version() in _NO_VERSION:
+                # A request line that ended without a version (HTTP/0.9): refused now,
+                # not once the head timeout runs out.
+                self._queue_refusal(_Refuse(BadRequest("request line without an HTTP version")))
+            return
+        if self.fed - self.got - self.head_bytes > 2 * _MAX_HEAD + _CHUNK_FRAMING * self.chunks:
+            self._queue_refusal(_Refuse(BadRequest("chunked framing or trailers too large"), 431))
+        elif self.expect and not self.got and self.transport is not None:
+            self.expect = False
             self.transport.write(_CONTINUE)
 
-    def _collect(self, first: bytes | memoryview | bytearray | None) -> None:
-        """Starts collecting a body whose first bytes (if any) are `first`."""
-        self.parts = [first] if first else []
-        self.got = len(first) if first else 0
+    def on_message_begin(self) -> None:
+        self.state = _HEAD
+        self.head_started = self.last_active
+        self.url = b""
+        self.headers = {}
+        self.head_bytes = 0
+        self.fed = 0
+        self.got = 0
+        self.chunks = 0
 
-    def _body_part(self, data: bytes) -> None:
-        """The next read of a body being collected: kept as it came; once the body is
-        whole, it is joined (the one copy) and its request started."""
+    def on_url(self, url: bytes) -> None:
+        self.url += url  # llhttp hands a target split across reads over in pieces
+        self.head_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes += len(name) + len(value) + 4
+        if self.head_bytes > _MAX_HEAD:
+            raise _Refuse(BadRequest("request head too large"), 431)
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1").strip()
+        headers = self.headers
+        if key in headers:
+            if key == "host":
+                raise _Refuse(BadRequest("more than one Host header"))
+            if key == "transfer-encoding":
+                text = f"{headers[key]}, {text}"
+        headers[key] = text
+
+    def on_headers_complete(self) -> None:
+        self.state = _BODY
+        parser = self.parser
+        version = parser.get_http_version()
+        if version != "1.1" and version != "1.0":
+            if version == "0.9":
+                raise _Refuse(BadRequest("request line without an HTTP version"))
+            raise _Refuse(BadRequest(f"HTTP/{version} is not supported"), 505)
+        headers = self.headers
+        if version == "1.1" and "host" not in headers:
+            raise _Refuse(BadRequest("an HTTP/1.1 request needs a Host header"))
+        te = headers.get("transfer-encoding")
+        if te is not None:
+            if version == "1.0":
+                raise _Refuse(BadRequest("Transfer-Encoding in an HTTP/1.0 request"))
+            codings = [c.strip().lower() for c in te.split(",")]
+            if codings != ["chunked"]:
+                if all(c == "chunked" for c in codings):
+                    raise _Refuse(BadRequest(f"bad Transfer-Encoding {te[:100]!r}"))
+                raise _Refuse(BadRequest(f"transfer coding {te[:100]!r} is not supported"), 501)
+        else:
+            cl = headers.get("content-length")
+            if cl is not None:
+                if not (cl.isascii() and cl.isdigit()):
+                    raise _Refuse(BadRequest(f"bad Content-Length {cl[:40]!r}"))
+                if int(cl) > self.app.max_body:
+                    raise _Refuse(
+                        MessageTooLarge(
+                            f"request body of {cl} bytes is over the {self.app.max_body}-byte limit"
+                        ),
+                        413,
+                    )
+        url = self.url
+        if url[:1] != b"/":
+            if url[:7].lower() != b"http://" and url[:8].lower() != b"https://":
+                raise _Refuse(BadRequest(f"bad request target {url[:100]!r}"))
+            try:  # absolute form: the path and query are what count
+                parsed = httptools.parse_url(url)
+            except httptools.HttpParserInvalidURLError:
+                raise _Refuse(BadRequest(f"bad request target {url[:100]!r}")) from None
+            url = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
+        path, _, query = url.partition(b"?")
+        self.path = path.decode("latin-1")
+        self.query = query.decode("latin-1")
+        raw_method = parser.get_method()
+        method = _METHODS.get(raw_method)
+        if method is None:
+            method = _METHODS[raw_method] = raw_method.decode("ascii")
+        self.method = method
+        self.keep = parser.should_keep_alive()
+        self.http10 = version == "1.0"
+        self.parts = []
+        expect = headers.get("expect")
+        self.expect = expect is not None and expect.lower() == "100-continue"
+
+    def on_body(self, body: bytes) -> None:
+        self.parts.append(body)
+        self.got += len(body)
+        if self.got > self.app.max_body:
+            raise _Refuse(
+                MessageTooLarge(f"request body is over the {self.app.max_body}-byte limit"), 413
+            )
+
+    def on_chunk_header(self) -> None:
+        self.chunks += 1
+
+    def on_message_complete(self) -> None:
+        self.state = _IDLE
+        self.completed = True
         parts = self.parts
-        assert parts is not None
-        parts.append(data)
-        self.got += len(data)
-        over = self.got - self.want
-        if over < 0:
-            return
-        if over:  # the next request(s) began in this read
-            view = memoryview(data)
-            parts[-1] = view[: len(data) - over]
-            self.buf += view[len(data) - over :]
-        self.parts = None
-        self._start(b"".join(parts))
-
-    def _start(self, body: bytes) -> None:
-        """Runs the handler of the request whose head was parsed and whose body is `body`."""
-        assert self.head is not None and self.transport is not None
-        method, path, query, version, headers, keep = self.head
-        self.head = None
-        # Routes match the path as sent: "%2F" in a queue name stays inside its segment.
-        req = Request(self.app, method, path, query, Headers(headers), body, self.transport)
-        self.busy = True
-        self.task = asyncio.get_running_loop().create_task(
-            self._run(req, keep, version == "HTTP/1.0")
+        body = (parts[0] if len(parts) == 1 else b"".join(parts)) if parts else b""
+        self.parts = []
+        assert self.transport is not None
+        req = Request(
+            self.app,
+            self.method,
+            self.path,
+            self.query,
+            Headers(self.headers),
+            body,
+            self.transport,
         )
+        self.queue.append((req, self.keep, self.http10))
+        if not self.keep:
+            self.done = True  # nothing after a Connection: close request is read
+
+    def _last_request(self) -> None:
+        self.done = True
+        if self.queue:
+            last = self.queue[-1]
+            if not isinstance(last, _Refuse):
+                self.queue[-1] = (last[0], False, last[2])
+
+    def _queue_refusal(self, refusal: _Refuse) -> None:
+        self.done = True
+        self.buf = bytearray()
+        self.queue.append(refusal)
+
+    # ---- handling, in order
+    def _next(self) -> None:
+        """Starts the next queued request's handler (or writes its refusal)."""
+        if self.busy or self.closing or not self.queue:
+            return
+        item = self.queue.popleft()
+        if isinstance(item, _Refuse):
+            self._refuse(item.err, item.status)
+            return
+        req, keep, http10 = item
+        self.busy = True
+        self.task = asyncio.get_running_loop().create_task(self._run(req, keep, http10))
+
+    def _continue(self) -> None:
+        """After a reply, or once replies drained: the next request, from the queue or
+        from what was read meanwhile; reading resumes once nothing waits."""
+        if self.closing or self.busy or self.write_paused:
+            return
+        if self.queue:
+            self._next()
+            return
+        if self.buf:
+            buf, self.buf = self.buf, bytearray()
+            self.last_active = _monotonic()  # its timers start now, not when it was read
+            self._feed(buf)
+            if self.busy or self.queue or self.closing:
+                return
+        if self.state == _HEAD:
+            self.head_started = self.last_active
+        if self.read_paused and self.transport is not None:
+            self.read_paused = False
+            self.transport.resume_reading()
+        if self.eof or self.done:  # nothing more will come or be read
+            self._close()
+
+    def _pause_reading(self) -> None:
+        if not self.read_paused and self.transport is not None and not self.closing:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     # ---- replies
     async def _run(self, req: Request, keep: bool, http10: bool) -> None:
@@ -466,17 +573,7 @@ class _HttpProtocol(asyncio.Protocol):
         if not keep:
             self._close()
             return
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-        if self.closing:
-            if self.transport is not None:
-                self.transport.close()
-            return
-        if self.buf:
-            self._next()
-        if self.eof and not self.busy:  # nothing more will come: the rest is not a request
-            self._close()
+        self._continue()
 
     def _write(
         self, resp: Response, keep: bool, *, head_only: bool = False, http10: bool = False
@@ -515,6 +612,25 @@ class _HttpProtocol(asyncio.Protocol):
             resp.status = status
         self._write(resp, keep=False)
         self._close()
+
+    def _timeout(self, message: str) -> None:
+        """A head or body that did not arrive in time: 408, and the connection closes."""
+        self.done = True
+        self._refuse(RequestTimeout(message))
+
+    def _refuse_connection(self) -> None:
+        """Over `max_connections`: 503 at once, then the caller's request is drained
+        (up to `_LINGER_S`) so that closing does not reset the reply away."""
+        self.refused = self.done = True
+        limit = self.server.max_connections
+        err = NodeUnavailable(f"the node serves its limit of {limit} connections; retry later")
+        self._write(error_response(err), keep=False)
+        t = self.transport
+        if t is None:
+            return
+        if t.can_write_eof():
+            t.write_eof()
+        asyncio.get_running_loop().call_later(_LINGER_S, self._close)
 
     def _close(self) -> None:
         self.closing = True
@@ -555,17 +671,47 @@ class _Refuse(Exception):
 
 
 class _Server:
-    def __init__(self, app: App, idle_s: float) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        idle_s: float,
+        head_timeout_s: float,
+        body_timeout_s: float,
+        max_connections: int,
+    ) -> None:
         self.app = app
         self.idle_s = idle_s
+        self.head_timeout_s = head_timeout_s
+        self.body_timeout_s = body_timeout_s
+        self.max_connections = max_connections
         self.connections: set[_HttpProtocol] = set()
         self.stopping = False
 
-    def reap_idle(self) -> None:
-        now = time.monotonic()
+    @property
+    def sweep_s(self) -> float:
+        """How often `sweep` runs: each time limit is kept to within a quarter of itself."""
+        return max(
+            0.01, min(10.0, self.idle_s / 2, self.head_timeout_s / 4, self.body_timeout_s / 4)
+        )
+
+    def sweep(self) -> None:
+        """Enforces the time limits: a head not whole within `head_timeout_s` and a body
+        that received nothing for `body_timeout_s` get 408; a connection idle (or whose
+        caller reads no replies) for `idle_s` is closed. One pass over the connections
+        every `sweep_s`, rather than a timer per request."""
+        now = _monotonic()
         for c in list(self.connections):
-            if not c.busy and now - c.last_active > self.idle_s:
-                c._close()
+            if c.closing or c.busy or c.queue:
+                continue  # a request is being handled: no limit runs against its caller
+            if c.write_paused or c.state == _IDLE:
+                if now - c.last_active > self.idle_s:
+                    c._close()
+            elif c.state == _HEAD:
+                if now - c.head_started > self.head_timeout_s:
+                    c._timeout(f"request head not complete within {self.head_timeout_s:g} s")
+            elif now - c.last_active > self.body_timeout_s:
+                c._timeout(f"no byte of the request body for {self.body_timeout_s:g} s")
 
 
 async def serve_app(
@@ -575,6 +721,9 @@ async def serve_app(
     *,
     ready: Callable[[], None] | None = None,
     idle_s: float = 75.0,
+    head_timeout_s: float = 10.0,
+    body_timeout_s: float = 30.0,
+    max_connections: int = 10_000,
     shutdown_timeout_s: float = 2.0,
     ssl: Any = None,
 ) -> None:
@@ -584,12 +733,18 @@ async def serve_app(
     `ssl.SSLContext` to serve HTTPS with."""
     for hook in app.on_startup:
         await hook(app)
-    server_state = _Server(app, idle_s)
+    server_state = _Server(
+        app,
+        idle_s=idle_s,
+        head_timeout_s=head_timeout_s,
+        body_timeout_s=body_timeout_s,
+        max_connections=max_connections,
+    )
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
         lambda: _HttpProtocol(server_state), sock=sock, backlog=1024, ssl=ssl
     )
-    reaper = loop.create_task(_reap(server_state))
+    sweeper = loop.create_task(_sweep(server_state))
     try:
         if ready is not None:
             ready()
@@ -597,7 +752,7 @@ async def serve_app(
     finally:
         server_state.stopping = True
         server.close()
-        reaper.cancel()
+        sweeper.cancel()
         running = [c.task for c in server_state.connections if c.task is not None]
         if running:
             await asyncio.wait(running, timeout=shutdown_timeout_s)
@@ -613,7 +768,7 @@ async def serve_app(
             await hook(app)
 
 
-async def _reap(server: _Server) -> None:
+async def _sweep(server: _Server) -> None:
     while True:
-        await asyncio.sleep(min(10.0, server.idle_s / 2))
-        server.reap_idle()
+        await asyncio.sleep(server.sweep_s)
+        server.sweep()

@@ -253,9 +253,11 @@ class Node:
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         self.state = await asyncio.to_thread(self.storage.load)
+        # Idle connections are dropped well before the other nodes close them.
         self._session = _http.HttpPool(
             timeout_s=self.config.request_timeout_s,
             limit_per_host=64,
+            idle_s=min(30.0, self.config.limits.idle_timeout_s / 2),
             sign=NodeSigner(self.secret, self.id),
             ssl_context=self.config.client_ssl(),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -55,10 +56,49 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
         log.info("node %s serving %s (durability %s)", node_id, me.url, config.durability)
         print(f"READY {node_id} {me.url}", flush=True)
 
+    limits = config.limits
+    _raise_fd_limit(limits.max_connections)
     try:
-        await serve_app(app, sock, stop, ready=ready, ssl=tls)
+        await serve_app(
+            app,
+            sock,
+            stop,
+            ready=ready,
+            idle_s=limits.idle_timeout_s,
+            head_timeout_s=limits.head_timeout_s,
+            body_timeout_s=limits.body_timeout_s,
+            max_connections=limits.max_connections,
+            ssl=tls,
+        )
     finally:
         log.info("node %s stopped", node_id)
+
+
+# File descriptors a node needs beyond its client connections: storage, node-to-node
+# connections, logs.
+FD_RESERVE = 1024
+
+
+def _raise_fd_limit(max_connections: int) -> None:
+    """Raises the soft RLIMIT_NOFILE toward the hard limit, so that `max_connections`
+    client connections (and the node's own files) fit; warns if they cannot."""
+    want = max_connections + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(hard, max(soft, want))
+    if soft != resource.RLIM_INFINITY and target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-file limit to %d: %s", target, e)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        log.warning(
+            "open-file limit %d is below limits.max_connections %d + %d: connections past "
+            "it are refused by the kernel, not answered 503",
+            soft,
+            max_connections,
+            FD_RESERVE,
+        )
 
 
 # The cyclic collector's first-generation threshold while serving (CPython's default is
