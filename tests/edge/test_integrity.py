@@ -366,7 +366,9 @@ def test_seeded_messages_come_back_exactly_once_and_intact_after_hostile_input(
         f"{len(raw.delivered)}, drain {len(drained)}"
     )
     assert not failures, "\n\n".join(f"{label}: {why}" for label, why in failures.items())
-    assert not [st for st in raw.statuses if st >= 500], raw.statuses
+    # 505 is the framing's answer to random bytes where the version goes; any other 5xx is
+    # a server error.
+    assert not [st for st in raw.statuses if st >= 500 and st != 505], raw.statuses
 
     # The verdict: every seeded message exactly once, body and content type intact.
     seen = Counter(mid for mid, _, _, _ in raw.delivered + drained)
