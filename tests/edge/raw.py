@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from zdmq.local import LocalCluster
@@ -18,8 +18,7 @@ from zdmq.local import LocalCluster
 Addr = tuple[str, int]
 
 
-@dataclass
-class Reply:
+class Reply(NamedTuple):
     status: int
     headers: dict[str, str]
     body: bytes
@@ -68,17 +67,23 @@ def request(
     return head.encode("latin-1") + b"\r\n" + (body or b"")
 
 
-def parse_replies(data: bytes) -> list[Reply]:
+def parse_replies(data: bytes, *, partial: bool = False) -> list[Reply]:
+    """Every reply in `data`. `partial`: bytes that are not a whole reply end the list
+    (a connection cut mid-reply); otherwise they fail the test."""
     out: list[Reply] = []
     while data:
         head, sep, rest = data.partition(b"\r\n\r\n")
+        if partial and not sep:
+            break
         assert sep, f"a reply head without its end: {data[:200]!r}"
-        status_line, *lines = head.decode("ascii").split("\r\n")
+        status_line, *lines = head.decode("latin-1" if partial else "ascii").split("\r\n")
         headers = {}
         for line in lines:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         length = int(headers.get("content-length", "0"))
+        if partial and len(rest) < length:
+            break
         assert len(rest) >= length, f"a reply cut short: {data[:200]!r}"
         out.append(Reply(int(status_line.split()[1]), headers, rest[:length]))
         data = rest[length:]

@@ -40,6 +40,7 @@ import requests
 import schemathesis
 
 from tests.edge.fuzzing import SEED, LiveFuzz, fuzz_config, run_operations
+from tests.edge.raw import Reply, parse_replies
 from zdmq.local import LocalCluster
 from zdmq.models import BATCH_CONTENT_TYPE, encode_batch
 
@@ -164,30 +165,6 @@ def _wire_body(body: bytes) -> tuple[str, str]:
 
 
 # ---- raw sockets ----------------------------------------------------------------------------
-Reply = tuple[int, dict[str, str], bytes]
-
-
-def _replies(data: bytes) -> list[Reply]:
-    """The replies on the wire, framed by Content-Length (a node frames every reply so);
-    a trailing partial reply is left out."""
-    out: list[Reply] = []
-    while data:
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        if not sep:
-            break
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        if len(rest) < length:
-            break
-        out.append((int(status_line.split()[1]), headers, rest[:length]))
-        data = rest[length:]
-    return out
-
-
 def _exchange(addr: tuple[str, int], raw: bytes, *, half_close: bool) -> list[Reply]:
     """Sends `raw`, then half-closes and reads until the node closes; or, without a
     half-close, reads for a moment and hangs up (a caller gone mid-request). Returns the
@@ -206,7 +183,7 @@ def _exchange(addr: tuple[str, int], raw: bytes, *, half_close: bool) -> list[Re
             # The node closes a connection it refused, maybe before it read everything;
             # or the caller stopped waiting.
             pass
-    return _replies(bytes(got))
+    return parse_replies(bytes(got), partial=True)
 
 
 def _request(method: str, path: str, body: bytes = b"", **headers: str) -> bytes:

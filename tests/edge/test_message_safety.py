@@ -18,11 +18,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.edge.raw import Reply, parse_replies, request
 from zdmq.local import LocalCluster
 from zdmq.models import encode_batch
 from zdmq.server.http import _header_lines
-
-Reply = tuple[int, dict[str, str], bytes]
 
 
 @pytest.fixture(scope="module")
@@ -37,32 +36,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
         c.close()
 
 
-def _request(
-    method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-) -> bytes:
-    head = f"{method} {path} HTTP/1.1\r\nHost: edge\r\nContent-Length: {len(body)}\r\n"
-    for name, value in (headers or {}).items():
-        head += f"{name}: {value}\r\n"
-    return head.encode("latin-1") + b"\r\n" + body
-
-
-def _replies(data: bytes) -> list[Reply]:
-    """Every reply on the wire, framed by Content-Length (the node frames every reply so)."""
-    out: list[Reply] = []
-    while data:
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        assert sep, f"a reply head without its end: {data[:200]!r}"
-        status_line, *lines = head.decode("ascii").split("\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length", "0"))
-        out.append((int(status_line.split()[1]), headers, rest[:length]))
-        data = rest[length:]
-    return out
-
-
 def _exchange(addr: tuple[str, int], raw: bytes, *, half_close: bool = False) -> list[Reply]:
     """Sends `raw`, half-closes if asked, and reads until the node closes. Without a
     half-close the last request must say `Connection: close`."""
@@ -73,13 +46,13 @@ def _exchange(addr: tuple[str, int], raw: bytes, *, half_close: bool = False) ->
         got = bytearray()
         while chunk := s.recv(65536):
             got += chunk
-    return _replies(bytes(got))
+    return parse_replies(bytes(got))
 
 
 def _call(
     addr: tuple[str, int], method: str, path: str, body: bytes = b"", **headers: str
 ) -> Reply:
-    [reply] = _exchange(addr, _request(method, path, body, {**headers, "Connection": "close"}))
+    [reply] = _exchange(addr, request(method, path, body, {**headers, "Connection": "close"}))
     return reply
 
 
@@ -105,7 +78,7 @@ def test_a_pop_whose_caller_half_closes_after_sending_still_gets_its_message(
         assert _call(node, "POST", f"/v1/queues/{q}/messages", body)[0] == 201
     got = []
     for _ in sent:
-        replies = _exchange(node, _request("POST", f"/v1/queues/{q}/pop"), half_close=True)
+        replies = _exchange(node, request("POST", f"/v1/queues/{q}/pop"), half_close=True)
         assert [r[0] for r in replies] == [200], replies
         got.append(replies[0][2])
     assert sorted(got) == sorted(sent)  # each one, once
@@ -118,10 +91,10 @@ def test_every_request_read_before_a_half_close_is_answered_in_order(
     q = _new_queue(node, "edge-pipelined")
     raw = b"".join(
         [
-            _request("POST", f"/v1/queues/{q}/messages", b"first"),
-            _request("POST", f"/v1/queues/{q}/messages", b"second"),
-            _request("POST", f"/v1/queues/{q}/pop"),
-            _request("POST", f"/v1/queues/{q}/pop"),
+            request("POST", f"/v1/queues/{q}/messages", b"first"),
+            request("POST", f"/v1/queues/{q}/messages", b"second"),
+            request("POST", f"/v1/queues/{q}/pop"),
+            request("POST", f"/v1/queues/{q}/pop"),
         ]
     )
     replies = _exchange(node, raw, half_close=True)
