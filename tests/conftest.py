@@ -4,10 +4,14 @@
 unique queue names); `make_cluster` builds a private cluster of any shape for a test
 that kills, restarts or needs its own layout. Both are real `python -m zdmq.server`
 processes started through `zdmq.local.LocalCluster`, waited for by their READY line.
+
+With `ZDMQ_TEST_TLS=1` both start their clusters with `tls` (HTTPS for clients and between
+nodes, one CA for the whole session) and `client_ssl` is a context that trusts that CA.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.helpers import TEST_TLS, make_ca_and_cert
 from zdmq import Client
 from zdmq.local import LocalCluster
 
@@ -27,9 +32,28 @@ settings.register_profile(
 settings.load_profile("zdmq")
 
 
+def _tls(tls: dict[str, str]) -> dict[str, Any]:
+    return {"tls": tls} if tls else {}
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The `tls` block the shared fixtures start clusters with: empty (plain HTTP) unless
+    `ZDMQ_TEST_TLS=1`, then a CA and a node certificate made once for the session."""
+    return make_ca_and_cert(tmp_path_factory.mktemp("tls")) if TEST_TLS else {}
+
+
+@pytest.fixture(scope="session")
+def client_ssl(tls: dict[str, str]) -> ssl.SSLContext | None:
+    """How a test client verifies the nodes: trusts the session's CA under TLS."""
+    return ssl.create_default_context(cafile=tls["ca"]) if tls else None
+
+
 @pytest.fixture(scope="module")
-def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster.ephemeral(tmp_path_factory.mktemp("cluster4"), nodes=4)
+def cluster4(
+    tmp_path_factory: pytest.TempPathFactory, tls: dict[str, str]
+) -> Iterator[LocalCluster]:
+    c = LocalCluster.ephemeral(tmp_path_factory.mktemp("cluster4"), nodes=4, **_tls(tls))
     try:
         yield c.start()
     finally:
@@ -37,11 +61,11 @@ def cluster4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
 
 
 @pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+def make_cluster(tmp_path: Path, tls: dict[str, str]) -> Iterator[Callable[..., LocalCluster]]:
     made: list[LocalCluster] = []
 
     def make(**kw: Any) -> LocalCluster:
-        c = LocalCluster.ephemeral(tmp_path / f"cluster{len(made)}", **kw)
+        c = LocalCluster.ephemeral(tmp_path / f"cluster{len(made)}", **{**_tls(tls), **kw})
         made.append(c)
         return c.start()
 

@@ -1,11 +1,15 @@
-"""Shared test helpers: waiting on conditions (never fixed sleeps) and unique names."""
+"""Shared test helpers: waiting on conditions (never fixed sleeps), unique names, and the
+certificates of a TLS test cluster."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -13,6 +17,30 @@ import orjson
 from zdmq.auth import NODE_AUTH_HEADER, NodeSigner, node_secret
 from zdmq.config import ClusterConfig
 from zdmq.server.node import FORWARDED_HEADER
+
+# `ZDMQ_TEST_TLS=1`: the shared cluster fixtures start their clusters with `tls` (HTTPS for
+# clients and between nodes) and the test clients trust the session's CA.
+TEST_TLS = os.environ.get("ZDMQ_TEST_TLS", "") not in ("", "0")
+
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def make_ca_and_cert(d: Path) -> dict[str, str]:
+    """A CA, and a node certificate it signed for 127.0.0.1, made in `d` by the openssl
+    command; paths as cluster.yaml's `tls` block takes them."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    openssl("req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=zdmq test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
+    openssl("req", *EC, "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "node.pem", "-days", "2", "-extfile", "ext.cnf")  # fmt: skip
+    return {"cert": str(d / "node.pem"), "key": str(d / "node.key"), "ca": str(d / "ca.pem")}
 
 
 def unique(prefix: str = "q") -> str:

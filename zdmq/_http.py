@@ -122,6 +122,7 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self.tls = False
         self.closed = False
         self.idle_since = 0.0
         self._buf = bytearray()
@@ -144,6 +145,7 @@ class _Conn(asyncio.Protocol):
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.tls = transport.get_extra_info("ssl_object") is not None
         self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
@@ -181,6 +183,9 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._fail(exc or ConnectionResetError("the server closed the connection"))
+        # The transport refers back to this connection: dropped here, a closed connection
+        # is freed at once rather than by the cycle collector (with TLS, its buffers too).
+        self.transport = None
 
     def _fail(self, exc: BaseException) -> None:
         self.closed = True
@@ -212,7 +217,9 @@ class _Conn(asyncio.Protocol):
             self._timer = loop.call_at(deadline, self._on_timer)
             self._timer_at = deadline
         self.transport.write(data)
-        if body:
+        if self.tls and len(body) > TLS_WRITE_PIECE:
+            write_pieces(self.transport, body)
+        elif body:
             self.transport.write(body)
         return waiter
 
@@ -679,6 +686,20 @@ def _close(conn: _Conn) -> None:
         conn._timer = None
     if conn.transport is not None:
         conn.transport.close()
+
+
+# A TLS connection encrypts each write whole into a buffer that stays as large as the
+# largest write until the connection closes (the loop's SSL transport and OpenSSL's memory
+# BIO): a large body goes out in pieces of this size, so an idle keep-alive connection keeps
+# a piece's worth, not the largest body it ever carried.
+TLS_WRITE_PIECE = 256 * 1024
+
+
+def write_pieces(transport: asyncio.Transport, body: bytes) -> None:
+    """Writes `body` as writes of at most `TLS_WRITE_PIECE` bytes (for a TLS transport)."""
+    view = memoryview(body)
+    for start in range(0, len(body), TLS_WRITE_PIECE):
+        transport.write(view[start : start + TLS_WRITE_PIECE])
 
 
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset

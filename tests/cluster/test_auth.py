@@ -14,7 +14,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,11 @@ def _open(path: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def plain(tmp_path_factory: pytest.TempPathFactory, tls: dict[str, str]) -> Iterator[LocalCluster]:
     """A 2-node loopback cluster with no auth set up at all (as `zdmq up` runs)."""
-    c = LocalCluster.ephemeral(tmp_path_factory.mktemp("plain"), nodes=2, partitions=64)
+    c = LocalCluster.ephemeral(
+        tmp_path_factory.mktemp("plain"), nodes=2, partitions=64, **({"tls": tls} if tls else {})
+    )
     try:
         yield c.start()
     finally:
@@ -75,7 +77,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def tokens(tmp_path_factory: pytest.TempPathFactory, tls: dict[str, str]) -> Iterator[LocalCluster]:
     """A 2-node cluster that lists client tokens."""
     os.environ[ORDERS_ENV] = ORDERS  # read by the nodes when they start
     c = LocalCluster.ephemeral(
@@ -83,20 +85,13 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         nodes=2,
         partitions=64,
         auth={"client_tokens": TOKENS},
+        **({"tls": tls} if tls else {}),
     )
     try:
         yield c.start()
     finally:
         c.close()
         os.environ.pop(ORDERS_ENV, None)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(
-        timeout=aiohttp.ClientTimeout(total=30), skip_auto_headers=("Content-Type",)
-    ) as s:
-        yield s
 
 
 async def _call(

@@ -19,8 +19,12 @@ POPPED = 2_000
 
 
 @pytest.fixture(scope="module")
-def cluster8(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster.ephemeral(tmp_path_factory.mktemp("cluster8"), nodes=8)
+def cluster8(
+    tmp_path_factory: pytest.TempPathFactory, tls: dict[str, str]
+) -> Iterator[LocalCluster]:
+    c = LocalCluster.ephemeral(
+        tmp_path_factory.mktemp("cluster8"), nodes=8, **({"tls": tls} if tls else {})
+    )
     try:
         yield c.start()
     finally:

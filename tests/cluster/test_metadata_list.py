@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 
 import aiohttp
@@ -109,10 +110,10 @@ async def test_push_many_keeps_text_content_types_and_splits_by_request_bytes(
 
 
 async def test_a_client_given_only_one_url_learns_the_layout_and_routes_zero_hop(
-    cluster4: LocalCluster,
+    cluster4: LocalCluster, client_ssl: ssl.SSLContext | None
 ) -> None:
     q = unique()
-    async with Client([cluster4.urls[2]]) as c:
+    async with Client([cluster4.urls[2]], ssl_context=client_ssl) as c:
         assert c.nodes == cluster4.config.node_ids
         await c.create_queue(q)
         ids = [await c.push(q, f"m{i}") for i in range(40)]

@@ -1,5 +1,5 @@
 """A 4-node cluster with `tls`: HTTPS between clients and nodes and between nodes, with a CA
-made here by the openssl command; plain HTTP to a TLS node gets no reply."""
+made by the openssl command; plain HTTP to a TLS node gets no reply."""
 
 from __future__ import annotations
 
@@ -9,35 +9,15 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.cluster.support import id_owned_by, placement_of, queue_owned_by
-from tests.helpers import unique
+from tests.helpers import make_ca_and_cert, unique
 from zdmq import Client, NodeUnavailable, _http
 from zdmq.local import LocalCluster
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-
-EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-
-def make_ca_and_cert(d: Path) -> dict[str, str]:
-    """A CA, and a node certificate it signed for 127.0.0.1; paths as cluster.yaml's tls."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    openssl("req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-            "-subj", "/CN=zdmq test CA",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
-    openssl("req", *EC, "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "node.pem", "-days", "2", "-extfile", "ext.cnf")  # fmt: skip
-    return {"cert": str(d / "node.pem"), "key": str(d / "node.key"), "ca": str(d / "ca.pem")}
 
 
 @pytest.fixture(scope="module")

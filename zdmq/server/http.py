@@ -42,7 +42,7 @@ from urllib.parse import parse_qsl, unquote
 import httptools
 import orjson
 
-from zdmq._http import Headers
+from zdmq._http import TLS_WRITE_PIECE, Headers, write_pieces
 from zdmq.errors import (
     BadRequest,
     InternalError,
@@ -259,6 +259,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.server = server
         self.app = server.app
         self.transport: asyncio.Transport | None = None
+        self.tls = False
         self.parser = httptools.HttpRequestParser(self)
         self.state = _IDLE
         self.last_active = _monotonic()
@@ -294,6 +295,7 @@ class _HttpProtocol(asyncio.Protocol):
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        self.tls = transport.get_extra_info("ssl_object") is not None
         _nodelay(transport)
         server = self.server
         if len(server.connections) >= server.max_connections:
@@ -304,6 +306,11 @@ class _HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.server.connections.discard(self)
+        # The transport refers back to this protocol, and so do the requests queued here:
+        # dropped, a closed connection is freed at once rather than by the cycle collector
+        # (with TLS, its buffers too). A running handler keeps its request's transport.
+        self.transport = None
+        self.queue.clear()
 
     def pause_writing(self) -> None:
         # The caller does not read its replies: stop reading and handling its requests
@@ -601,6 +608,9 @@ class _HttpProtocol(asyncio.Protocol):
             head += b"\r\n"
         if head_only or not body:
             t.write(head)
+        elif self.tls and len(body) > TLS_WRITE_PIECE:
+            t.write(head)
+            write_pieces(t, body)
         elif len(body) > 64 * 1024:
             t.writelines([head, body])
         else:
