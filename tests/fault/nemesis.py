@@ -1,0 +1,86 @@
+"""Faults on real node processes: kill -9 and restart, SIGSTOP and SIGCONT, a lost disk.
+
+Works on a `zdmq.local.LocalCluster` (loopback nodes, or nodes in network namespaces, see
+netns.py): it signals only the node processes that cluster started, by their PID, and
+records every fault in the history (process `nemesis`) so the checker's report shows them.
+The blocking parts (waiting for a restarted node's READY line) run in a thread, so the
+workload keeps running meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from collections.abc import Sequence
+
+from tests.fault.history import History
+from zdmq.local import LocalCluster
+
+FAULTS = ("kill", "pause", "lose_disk")
+
+
+class Nemesis:
+    def __init__(self, cluster: LocalCluster, history: History, *, seed: int | None = None) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.rng = random.Random(seed)
+
+    def _note(self, fault: str, node: str, **extra: object) -> None:
+        pid = self.cluster.nodes[node].pid
+        self.history.note("nemesis", "nemesis", {"fault": fault, "node": node, "pid": pid, **extra})
+
+    async def kill(self, node: str, down_s: float = 1.0) -> None:
+        """SIGKILL (no shutdown code runs), `down_s` dead, then a restart on the same disk."""
+        self._note("kill", node)
+        await asyncio.to_thread(self.cluster.kill, node)
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(self.cluster.start_node, node)
+        self._note("restarted", node)
+
+    async def pause(self, node: str, paused_s: float = 2.0) -> None:
+        """SIGSTOP for `paused_s`, then SIGCONT: a node that hangs, sockets open."""
+        self._note("pause", node, seconds=paused_s)
+        self.cluster.pause(node)
+        try:
+            await asyncio.sleep(paused_s)
+        finally:
+            self.cluster.resume(node)
+            self._note("resumed", node)
+
+    async def lose_disk(self, node: str, down_s: float = 1.0) -> None:
+        """SIGKILL, delete the node's data directory, restart it empty."""
+        self._note("lose_disk", node)
+        await asyncio.to_thread(self.cluster.kill, node)
+        shutil.rmtree(self.cluster.config.node_data_dir(node), ignore_errors=True)
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(self.cluster.start_node, node)
+        self._note("restarted empty", node)
+
+    async def run(
+        self,
+        duration_s: float,
+        *,
+        faults: Sequence[str] = ("kill", "pause"),
+        nodes: Sequence[str] | None = None,
+        interval_s: tuple[float, float] = (1.0, 2.0),
+    ) -> None:
+        """Random faults from `faults` on random `nodes`, one at a time, a random quiet gap
+        (`interval_s`) before each, until `duration_s` has passed; every node runs at the end."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + duration_s
+        candidates = list(nodes or self.cluster.nodes)
+        while True:
+            await asyncio.sleep(self.rng.uniform(*interval_s))
+            if loop.time() >= deadline:
+                return
+            fault = self.rng.choice(list(faults))
+            node = self.rng.choice(candidates)
+            if fault == "kill":
+                await self.kill(node, self.rng.uniform(0.2, 1.0))
+            elif fault == "pause":
+                await self.pause(node, self.rng.uniform(1.0, 3.0))
+            elif fault == "lose_disk":
+                await self.lose_disk(node, self.rng.uniform(0.2, 1.0))
+            else:
+                raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")

@@ -1,0 +1,146 @@
+"""Fault runs on real node processes: the workload under a nemesis, then the checker.
+
+Today's cluster keeps one copy of each message (on the node its id hashes to), written with
+`durability: fsync`. What that guarantees, and what these runs assert:
+
+- kill -9 and restart on the same disk, SIGSTOP/SIGCONT: no acknowledged push is lost and
+  nothing unexpected is delivered (duplicates are allowed: delivery is at-least-once).
+- a node's disk lost: its acknowledged messages are gone; the run prints how many and asserts
+  only that the checker's counts are consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fault.history import History
+from tests.fault.nemesis import Nemesis
+from tests.fault.runner import run
+from tests.fault.workload import Workload
+from tests.helpers import unique
+from zdmq.hashing import Placement
+from zdmq.local import LocalCluster
+
+SEED = int(os.environ.get("ZDMQ_FAULT_SEED", random.randrange(1 << 30)))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    # A node answers for a peer that does not reply within 1 s (503), so the workload's
+    # calls through a healthy node to a stopped one end well inside the client's timeout.
+    c = LocalCluster.ephemeral(tmp_path / "c", nodes=4, durability="fsync", request_timeout_s=1.0)
+    try:
+        yield c.start()
+    finally:
+        c.close()
+
+
+def healer(cluster: LocalCluster) -> Callable[[], Awaitable[None]]:
+    """Every node running again: SIGCONT to each, and a start for any that is down."""
+
+    async def heal() -> None:
+        for node_id, n in cluster.nodes.items():
+            cluster.resume(node_id)
+            if not n.running:
+                await asyncio.to_thread(cluster.start_node, node_id)
+
+    return heal
+
+
+async def test_kill_and_pause_lose_no_acknowledged_push(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
+    h = History()
+    w = Workload(cluster.urls, unique("fault"), h, producers=3, consumers=2, seed=SEED)
+    nemesis = Nemesis(cluster, h, seed=SEED)
+    victims = random.Random(SEED).sample(list(cluster.nodes), 3)
+
+    async def faults() -> None:
+        await asyncio.sleep(1.0)
+        await nemesis.kill(victims[0], down_s=0.5)
+        await asyncio.sleep(1.0)
+        await nemesis.pause(victims[1], paused_s=2.0)
+        await asyncio.sleep(1.0)
+        await nemesis.kill(victims[2], down_s=0.5)
+
+    report = await run(
+        w, faults, duration_s=10.0, heal=healer(cluster), history_path=tmp_path / "history.jsonl"
+    )
+    print(report.text())
+    assert report.problems() == []
+    assert sum(1 for n in report.nemesis if n["fault"] in ("kill", "pause")) == 3
+    assert len(report.acknowledged) > 50, "the workload pushed too little to prove anything"
+    assert report.lost == set(), f"acknowledged pushes lost across kill -9:\n{report.text()}"
+    assert report.unexpected == set()
+    assert report.corrupt == set()
+    assert report.resurrected == set()
+
+
+async def test_random_kills_and_pauses_with_pop_consumers(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Pops too: a pop whose reply was lost may have taken messages no one recorded, so the
+    losses must stay within what the unknown pops could have taken."""
+    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
+    h = History()
+    w = Workload(
+        cluster.urls, unique("fault"), h, producers=2, consumers=1, pop_consumers=1, seed=SEED
+    )
+    nemesis = Nemesis(cluster, h, seed=SEED)
+    report = await run(
+        w,
+        lambda: nemesis.run(8.0, faults=("kill", "pause"), interval_s=(0.5, 1.5)),
+        duration_s=8.0,
+        heal=healer(cluster),
+        history_path=tmp_path / "history.jsonl",
+    )
+    print(report.text())
+    assert report.problems() == []
+    assert report.nemesis, "the nemesis did nothing"
+    assert len(report.acknowledged) > 50
+    assert len(report.lost) <= report.unknown_pop_capacity, report.text()
+    assert report.unexpected == set()
+    assert report.corrupt == set()
+    assert report.resurrected == set()
+
+
+@pytest.mark.slow
+async def test_disk_loss_loses_the_lost_nodes_messages(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """One copy per message: a node that loses its disk loses its messages. The victim is
+    never the queue's metadata owner (losing that disk loses the queue itself today)."""
+    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
+    queue = unique("fault")
+    cfg = cluster.config
+    placement = Placement(cfg.node_ids, cfg.partitions, cfg.replication)
+    owner = placement.owner(queue)
+    victim = random.Random(SEED).choice([n for n in cluster.nodes if n != owner])
+    h = History()
+    w = Workload(cluster.urls, queue, h, producers=2, consumers=2, consumers_after_s=6.0, seed=SEED)
+    nemesis = Nemesis(cluster, h, seed=SEED)
+
+    async def faults() -> None:
+        await asyncio.sleep(4.0)  # a backlog builds up: the consumers start at 6 s
+        await nemesis.lose_disk(victim, down_s=0.5)
+        await asyncio.sleep(2.0)
+        await nemesis.kill(victim, down_s=0.5)
+
+    report = await run(
+        w, faults, duration_s=12.0, heal=healer(cluster), history_path=tmp_path / "history.jsonl"
+    )
+    print(report.text())
+    print(f"lost after {victim}'s disk was lost: {len(report.lost)}")
+    assert report.problems() == []
+    assert report.unexpected == set()
+    assert report.corrupt == set()
+    assert report.acknowledged - report.lost <= report.delivered
+    # Only the messages stored on the node that lost its disk can be lost.
+    assert {placement.owner(i) for i in report.lost} <= {victim}
