@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,7 @@ class Workload:
         self.timeout_s = timeout_s
         self.retries = retries
         self.consumers_after_s = consumers_after_s
+        self._pushed: Counter[str] = Counter()
         self.rng = random.Random(seed)
         self.salt = f"{self.rng.getrandbits(32):08x}"
 
@@ -122,10 +124,9 @@ class Workload:
 
     # ---- producers -------------------------------------------------------------------
     async def _produce(self, rest: Rest, process: str, deadline: float) -> None:
-        n = 0
         while time.monotonic() < deadline:
-            n += 1
-            dedup_id = f"{process}-{n}"
+            self._pushed[process] += 1  # a later run() goes on numbering: ids stay fresh
+            dedup_id = f"{process}-{self._pushed[process]}"
             value = {
                 "id": dedup_message_id(self.queue, dedup_id),
                 "payload": f"{self.salt}:{dedup_id}",
