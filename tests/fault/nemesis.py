@@ -1,4 +1,5 @@
-"""Faults on real node processes: kill -9 and restart, SIGSTOP and SIGCONT, a lost disk.
+"""Faults on real node processes: kill -9 and restart, SIGSTOP and SIGCONT, a lost disk,
+and (for nodes in network namespaces) partitions.
 
 Works on a `zdmq.local.LocalCluster` (loopback nodes, or nodes in network namespaces, see
 netns.py): it signals only the node processes that cluster started, by their PID, and
@@ -13,18 +14,31 @@ import asyncio
 import random
 import shutil
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tests.fault.history import History
 from zdmq.local import LocalCluster
 
-FAULTS = ("kill", "pause", "lose_disk")
+if TYPE_CHECKING:
+    from tests.fault.netns import NetnsCluster
+
+FAULTS = ("kill", "pause", "lose_disk", "partition")
 
 
 class Nemesis:
-    def __init__(self, cluster: LocalCluster, history: History, *, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        history: History,
+        *,
+        seed: int | None = None,
+        network: NetnsCluster | None = None,
+    ) -> None:
+        """`network`: the namespaces `cluster` runs in, for the `partition` fault."""
         self.cluster = cluster
         self.history = history
         self.rng = random.Random(seed)
+        self.network = network
 
     def _note(self, fault: str, node: str, **extra: object) -> None:
         pid = self.cluster.nodes[node].pid
@@ -57,6 +71,23 @@ class Nemesis:
         await asyncio.to_thread(self.cluster.start_node, node)
         self._note("restarted empty", node)
 
+    async def partition(self, hold_s: float = 2.0, node: str | None = None) -> None:
+        """Cuts the network for `hold_s`, then heals it: `node` alone (or, without it, a
+        random node alone or random halves, even odds)."""
+        net = self.network
+        if net is None:
+            raise ValueError("partitions need a NetnsCluster")
+        if node is None and self.rng.random() < 0.5:
+            groups = net.random_halves(self.rng)
+        else:
+            groups = net.isolate(node or self.rng.choice(net.node_ids))
+        self.history.note("nemesis", "nemesis", {"fault": "partition", "groups": groups})
+        try:
+            await asyncio.sleep(hold_s)
+        finally:
+            net.heal()
+            self.history.note("nemesis", "nemesis", {"fault": "heal"})
+
     async def run(
         self,
         duration_s: float,
@@ -82,5 +113,7 @@ class Nemesis:
                 await self.pause(node, self.rng.uniform(1.0, 3.0))
             elif fault == "lose_disk":
                 await self.lose_disk(node, self.rng.uniform(0.2, 1.0))
+            elif fault == "partition":
+                await self.partition(self.rng.uniform(1.0, 3.0))
             else:
                 raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")

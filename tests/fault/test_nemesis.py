@@ -227,3 +227,39 @@ def test_netns_cluster_partitions_and_cleans_up(tmp_path: Path) -> None:
     finally:
         c.close()
     assert c.leftovers() == []
+
+
+@pytest.mark.slow
+async def test_random_partitions_kills_and_pauses(
+    netns_cluster: NetnsCluster, tmp_path: Path
+) -> None:
+    """30 s of random faults in namespaces (partitions, kill -9, SIGSTOP) with receive and
+    pop consumers: nothing unexpected or resurrected, losses only what unknown pops took."""
+    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
+    c = netns_cluster
+    cluster = c.cluster
+    assert cluster is not None
+    h = History()
+    w = Workload(
+        c.urls, unique("fault"), h, token=c.token, producers=3, consumers=2, pop_consumers=1,
+        seed=SEED,
+    )  # fmt: skip
+    nemesis = Nemesis(cluster, h, seed=SEED, network=c)
+
+    async def heal() -> None:
+        c.heal()
+        await healer(cluster)()
+
+    report = await run(
+        w,
+        lambda: nemesis.run(30.0, faults=("partition", "partition", "kill", "pause")),
+        duration_s=30.0,
+        heal=heal,
+        history_path=tmp_path / "history.jsonl",
+    )
+    print(report.text())
+    assert report.problems() == []
+    assert report.unexpected == set()
+    assert report.corrupt == set()
+    assert report.resurrected == set()
+    assert len(report.lost) <= report.unknown_pop_capacity, report.text()
