@@ -117,7 +117,8 @@ async def test_disk_loss_loses_the_lost_nodes_messages(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """One copy per message: a node that loses its disk loses its messages. The victim is
-    never the queue's metadata owner (losing that disk loses the queue itself today)."""
+    never the queue's metadata owner: losing that disk loses the queue's metadata, and the
+    other nodes' repair sweeps then purge all of the queue's messages."""
     print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
     queue = unique("fault")
     cfg = cluster.config
