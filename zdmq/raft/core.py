@@ -58,7 +58,7 @@ __all__ = [
     "Role",
 ]
 
-#: Entries one append message carries at most.
+#: Entries one append message carries at most, unless the core is given another limit.
 MAX_ENTRIES_PER_MSG = 64
 
 
@@ -253,6 +253,7 @@ class RaftCore:
         election_ticks: int = 10,
         heartbeat_ticks: int = 1,
         applied: int = 0,
+        max_entries_per_msg: int = MAX_ENTRIES_PER_MSG,
         pre_vote: bool = True,
         check_quorum: bool = True,
     ) -> None:
@@ -261,6 +262,8 @@ class RaftCore:
         assert election_ticks > heartbeat_ticks >= 1
         self.election_ticks = election_ticks
         self.heartbeat_ticks = heartbeat_ticks
+        assert max_entries_per_msg >= 1
+        self.max_entries_per_msg = max_entries_per_msg
         self.pre_vote = pre_vote
         self.check_quorum = check_quorum
         self._rng = rng
@@ -341,7 +344,7 @@ class RaftCore:
         if pr.match == self.log.last_index():
             self._send(MsgType.TIMEOUT_NOW, to)
         else:
-            self._send_append(to)
+            self._send_append(to, even_if_empty=True)
 
     def step(self, m: Message) -> None:
         """Take one message from a peer."""
@@ -622,7 +625,7 @@ class RaftCore:
         if pr.probing and pr.paused:
             return
         last = self.log.last_index()
-        hi = min(last + 1, pr.next + MAX_ENTRIES_PER_MSG)
+        hi = min(last + 1, pr.next + self.max_entries_per_msg)
         entries = tuple(self.log.slice(pr.next, hi))
         if not entries and not even_if_empty:
             return

@@ -57,6 +57,9 @@ class SimConfig:
     partition: float = 0.012
     partition_steps: tuple[int, int] = (10, 80)
     propose: float = 0.3
+    #: Entries an append carries at most: small limits split a new leader's catch-up
+    #: from its empty entry, which is where committing by counting an old term breaks.
+    max_entries_per_msg: tuple[int, ...] = (1, 2, 3, 64)
     #: Chance a driver leaves its node's Ready for a later step (what a crash then loses).
     persist_lag: float = 0.25
     #: Steps the healed group gets to converge.
@@ -110,6 +113,7 @@ class _Sim:
         self.proposals: set[bytes] = set()
         self.acked: set[bytes] = set()
         self.result = SimResult(seed)
+        self.batch = self.rng.choice(cfg.max_entries_per_msg)
         for n in self.nodes.values():
             self._start(n)
 
@@ -190,7 +194,12 @@ class _Sim:
         n.starts += 1
         rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
         n.core = RaftCore(
-            n.id, self.ids, n.disk, rng, election_ticks=self.cfg.election_ticks, applied=0
+            n.id,
+            self.ids,
+            n.disk,
+            rng,
+            election_ticks=self.cfg.election_ticks,
+            max_entries_per_msg=self.batch,
         )
         n.applied = []  # the state machine is rebuilt from the log
         n.checked = 0
