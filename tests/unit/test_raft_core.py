@@ -468,3 +468,15 @@ def test_a_restarted_core_keeps_its_term_vote_and_log_and_reapplies_from_the_sta
     assert core.log.committed == 2 and core.role is Role.FOLLOWER
     rd: Ready = core.ready()
     assert [e.data for e in rd.committed] == [None, b"a"]
+
+
+def test_the_package_exports_exactly_its_public_names() -> None:
+    import zdmq.raft
+
+    assert len(set(zdmq.raft.__all__)) == len(zdmq.raft.__all__)
+    assert all(getattr(zdmq.raft, name) is not None for name in zdmq.raft.__all__)
+    assert {n for n in vars(zdmq.raft) if not n.startswith("_")} - {
+        "core",
+        "sim",
+        "storage",
+    } == set(zdmq.raft.__all__)

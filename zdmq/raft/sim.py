@@ -28,7 +28,8 @@ import heapq
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from zdmq.raft.core import Message, NotLeader, RaftCore, Ready, Role
 from zdmq.raft.storage import Entry, MemoryStorage
@@ -42,28 +43,47 @@ class SimFailure(AssertionError):
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
-    """The fault model. Probabilities are per simulated step (one tick of every node)."""
+    """The fault model. Rates are chances per simulated step (one tick of every node).
+
+    Each seed draws its own rate for every fault, uniformly between 0 and the rate given
+    here, and its own append size from `max_entries_per_msg` ("swarm testing"): a run
+    calm on one fault and harsh on another reaches states a fixed mix rarely does.
+    """
 
     nodes: int = 3
     steps: int = 400
     election_ticks: int = 10
-    drop: float = 0.05
-    duplicate: float = 0.03
     max_delay: int = 3
-    crash: float = 0.006
-    down_steps: tuple[int, int] = (5, 60)
-    pause: float = 0.006
+    drop: float = 0.15
+    duplicate: float = 0.06
+    crash: float = 0.012
+    #: A leader's extra chance of crashing: new leaders that fail fast are what leave
+    #: old-term entries half replicated (Raft's Figure 8).
+    crash_leader: float = 0.08
+    down_steps: tuple[int, int] = (2, 50)
+    pause: float = 0.012
     pause_steps: tuple[int, int] = (3, 40)
-    partition: float = 0.012
-    partition_steps: tuple[int, int] = (10, 80)
+    partition: float = 0.03
+    partition_steps: tuple[int, int] = (3, 80)
+    #: Chance a driver leaves its node's Ready for a later step (what a crash then loses).
+    persist_lag: float = 0.5
+    #: Chance a leader is asked to hand over to a random peer (transfer_leadership).
+    transfer: float = 0.02
     propose: float = 0.3
     #: Entries an append carries at most: small limits split a new leader's catch-up
     #: from its empty entry, which is where committing by counting an old term breaks.
     max_entries_per_msg: tuple[int, ...] = (1, 2, 3, 64)
-    #: Chance a driver leaves its node's Ready for a later step (what a crash then loses).
-    persist_lag: float = 0.25
     #: Steps the healed group gets to converge.
     heal_steps: int = 1500
+
+    def draw(self, rng: random.Random) -> SimConfig:
+        """This config with every fault rate drawn in [0, rate] (one seed's mix)."""
+        rates = ("drop", "duplicate", "crash", "crash_leader", "pause", "partition")
+        drawn: dict[str, Any] = {k: rng.uniform(0, getattr(self, k)) for k in rates}
+        drawn["persist_lag"] = rng.uniform(0, self.persist_lag)
+        drawn["transfer"] = rng.uniform(0, self.transfer)
+        drawn["max_entries_per_msg"] = (rng.choice(self.max_entries_per_msg),)
+        return replace(self, **drawn)
 
 
 @dataclass(slots=True)
@@ -72,6 +92,7 @@ class SimResult:
     leaders: int = 0
     crashes: int = 0
     partitions: int = 0
+    transfers: int = 0
     proposed: int = 0
     acked: int = 0
     applied: int = 0
@@ -97,8 +118,9 @@ class _Sim:
         self, seed: int, cfg: SimConfig, trace: Callable[[str], None] | None = None
     ) -> None:
         self.seed = seed
-        self.cfg = cfg
         self.rng = random.Random(seed)
+        self.asked = cfg
+        self.cfg = cfg = cfg.draw(self.rng)
         self.trace = trace
         self.ids = [f"n{i}" for i in range(cfg.nodes)]
         self.nodes = {i: _Node(i) for i in self.ids}
@@ -113,7 +135,7 @@ class _Sim:
         self.proposals: set[bytes] = set()
         self.acked: set[bytes] = set()
         self.result = SimResult(seed)
-        self.batch = self.rng.choice(cfg.max_entries_per_msg)
+        self.batch = cfg.max_entries_per_msg[0]
         for n in self.nodes.values():
             self._start(n)
 
@@ -152,6 +174,8 @@ class _Sim:
             self._check_leader(n)
         if not self.healing and self.rng.random() < self.cfg.propose:
             self._propose()
+        if not self.healing and self.rng.random() < self.cfg.transfer:
+            self._transfer()
         for n in self._running():
             if self.healing or self.rng.random() >= self.cfg.persist_lag:
                 self._handle_ready(n)
@@ -166,7 +190,8 @@ class _Sim:
     def _faults(self) -> None:
         cfg, rng = self.cfg, self.rng
         for n in self.nodes.values():
-            if n.core is not None and rng.random() < cfg.crash:
+            p = cfg.crash + (cfg.crash_leader if n.core and n.core.role is Role.LEADER else 0)
+            if n.core is not None and rng.random() < p:
                 n.core = None
                 n.down_until = self.now + rng.randint(*cfg.down_steps)
                 self.result.crashes += 1
@@ -258,6 +283,17 @@ class _Sim:
             self.proposals.add(data)
             self._log(f"{n.id} takes {data!r} at {index}")
             return
+
+    def _transfer(self) -> None:
+        leaders = [n for n in self._running() if n.core and n.core.role is Role.LEADER]
+        if leaders:
+            core = leaders[0].core
+            assert core is not None
+            to = self.rng.choice(self.ids)
+            self._log(f"{core.id} hands leadership to {to}")
+            core.transfer_leadership(to)
+            self._check_leader(leaders[0])
+            self.result.transfers += 1
 
     # -- the driver -------------------------------------------------------------------
 
@@ -358,7 +394,7 @@ class _Sim:
     def _fail(self, what: str) -> None:
         raise SimFailure(
             f"seed {self.seed}, step {self.now}: {what}\n  replay: "
-            f"{replay_command(self.seed, self.cfg)} --trace"
+            f"{replay_command(self.seed, self.asked)} --trace"
         )
 
 
