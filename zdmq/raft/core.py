@@ -273,6 +273,7 @@ class RaftCore:
         self.log = _Log(storage, offset=storage.last_index() + 1)
         assert hard.commit <= self.log.last_index()
         self.log.committed = hard.commit
+        assert applied <= hard.commit, (applied, hard.commit)
         self.log.applied = applied
         self._persisted_hard = hard
         self.role = Role.FOLLOWER
