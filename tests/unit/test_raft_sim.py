@@ -1,0 +1,87 @@
+"""zdmq.raft.sim: Raft groups of 3 and 5 under seeded faults keep Raft's safety properties.
+
+Each seed is one test (its id names the seed and group size); a failure's message ends
+with the command that replays it, e.g. `python -m zdmq.raft.sim --seed 17 --steps 400
+--nodes 5 --trace`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from zdmq.raft import core, sim
+from zdmq.raft.sim import SimConfig, SimFailure
+
+SEEDS = 400  # per group size: 800 runs, about 10 s
+
+
+@pytest.mark.parametrize("nodes", [3, 5])
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_a_seeded_run_keeps_every_invariant(seed: int, nodes: int) -> None:
+    print(f"seed {seed}, {nodes} nodes")
+    r = sim.run(seed, SimConfig(nodes=nodes))
+    assert r.applied >= r.acked
+
+
+def test_runs_exercise_the_faults_they_claim() -> None:
+    results = [sim.run(seed, SimConfig(nodes=5)) for seed in range(40)]
+    assert sum(r.crashes for r in results) > 40
+    assert sum(r.partitions for r in results) > 20
+    assert sum(r.transfers for r in results) > 5
+    assert sum(r.leaders for r in results) > 100  # terms that had a leader
+    assert sum(r.acked for r in results) > 1000
+    assert all(r.proposed >= r.acked > 0 for r in results)
+
+
+def test_a_run_replays_exactly_from_its_seed() -> None:
+    lines_a: list[str] = []
+    lines_b: list[str] = []
+    a = sim.run(7, SimConfig(nodes=5), lines_a.append)
+    b = sim.run(7, SimConfig(nodes=5), lines_b.append)
+    assert a == b and lines_a == lines_b and len(lines_a) > 10
+
+
+def test_a_broken_commit_rule_is_caught_with_a_replay_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Committing by counting replicas of an older term's entry (what section 5.4.2 forbids).
+    def commit_by_counting(self: core.RaftCore) -> bool:
+        self.progress[self.id].match = self.log.last_index()
+        matches = sorted((pr.match for pr in self.progress.values()), reverse=True)
+        return self.log.commit_to(matches[self._quorum() - 1])
+
+    monkeypatch.setattr(core.RaftCore, "_maybe_commit", commit_by_counting)
+    with pytest.raises(SimFailure) as e:
+        sim.run(234, SimConfig(nodes=5))
+    assert "over the committed" in str(e.value)
+    assert "python -m zdmq.raft.sim --seed 234 --steps 400 --nodes 5" in str(e.value)
+
+
+def test_a_vote_granted_twice_in_a_term_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def vote_for_anyone(self: core.RaftCore, m: core.Message) -> None:
+        self.vote = m.src if m.type is core.MsgType.VOTE else self.vote
+        resp = (
+            core.MsgType.PRE_VOTE_RESP
+            if m.type is core.MsgType.PRE_VOTE
+            else core.MsgType.VOTE_RESP
+        )
+        self._msgs.append(core.Message(resp, self.id, m.src, m.term))
+
+    monkeypatch.setattr(core.RaftCore, "_handle_vote", vote_for_anyone)
+    with pytest.raises(SimFailure, match=r"two leaders|changes its vote|over the committed"):
+        for seed in range(20):
+            sim.run(seed, SimConfig(nodes=3))
+
+
+def test_the_command_line_reports_each_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sim.main(["--seed", "3", "--seeds", "2", "--nodes", "3", "--steps", "200"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["seed 3", "seed 4"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_a_long_soak_of_many_seeds_and_steps(nodes: int) -> None:
+    for seed in range(10_000, 13_000):
+        print(f"seed {seed}, {nodes} nodes, 1500 steps")
+        sim.run(seed, SimConfig(nodes=nodes, steps=1500))

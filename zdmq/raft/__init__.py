@@ -1,0 +1,23 @@
+"""Raft for zdmq: a pure, deterministic core (`RaftCore`) and the storage it reads.
+
+Nothing here opens a socket or a file or reads a clock; a driver moves messages and
+persists each `Ready`. zdmq/raft/sim.py drives several cores over a simulated network
+and disk to check Raft's safety properties under faults, from a replayable seed.
+"""
+
+from zdmq.raft.core import Message, MsgType, NotLeader, Progress, RaftCore, Ready, Role
+from zdmq.raft.storage import Entry, HardState, MemoryStorage, Storage
+
+__all__ = [
+    "Entry",
+    "HardState",
+    "MemoryStorage",
+    "Message",
+    "MsgType",
+    "NotLeader",
+    "Progress",
+    "RaftCore",
+    "Ready",
+    "Role",
+    "Storage",
+]

@@ -1,0 +1,663 @@
+"""One member of a Raft group as a pure, deterministic state machine.
+
+`RaftCore` never awaits, opens a socket, reads a clock or draws its own random numbers:
+its driver feeds it `tick()` (one unit of logical time), `step(message)` (a message
+from a peer), `propose(data)` and `campaign()` / `transfer_leadership(to)`, and then
+takes a `Ready`:
+
+    rd = core.ready()
+    storage.append(rd.entries); storage.set_hard_state(rd.hard_state)   # 1. persist
+    send(rd.messages)                                                   # 2. then send
+    apply(rd.committed)                                                 # 3. apply
+    core.advance(rd)
+
+Persisting before sending is what makes a vote or an acknowledgement a promise: no
+message leaves the node that depends on state a crash could lose. The entries a
+`Ready` hands out for applying are committed *and* persisted locally.
+
+What it does (Raft, Ongaro and Ousterhout 2014, with etcd-io/raft's refinements):
+  * Leader election with randomised election timeouts, drawn from an injected
+    `random.Random` in [election_ticks, 2 * election_ticks).
+  * PreVote: a node whose timeout fires first asks whether it could win at term + 1
+    without raising its own term, so a node cut off from the group cannot disrupt a
+    stable leader when it returns.
+  * CheckQuorum: a leader that has not heard from a majority within an election
+    timeout steps down, and a follower that heard from its leader within one ignores
+    (pre-)votes (the leader's lease), unless the leader itself asked it to campaign
+    (`transfer_leadership`).
+  * Log replication with the log-matching check, conflicting suffixes overwritten (never
+    entries that match), and fast backtracking: a rejection carries a hint (the last
+    index at which the follower's term is at most the leader's), so one round trip skips
+    a whole term.
+  * A leader commits only entries of its own term by counting replicas (section 5.4.2);
+    earlier entries commit with them. It appends an empty entry when its term starts so
+    that happens without waiting for a proposal.
+  * A leader that steps down (a higher term, a lost quorum) is a follower from that
+    moment: `propose` raises `NotLeader` carrying the leader it knows of and its term.
+
+Not built yet: snapshots and log compaction (the log grows without bound), membership
+changes (the peer set is fixed at construction), learners, and linearizable reads.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from zdmq.raft.storage import Entry, HardState, Storage
+
+__all__ = [
+    "Message",
+    "MsgType",
+    "NotLeader",
+    "Progress",
+    "RaftCore",
+    "Ready",
+    "Role",
+]
+
+#: Entries one append message carries at most, unless the core is given another limit.
+MAX_ENTRIES_PER_MSG = 64
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class MsgType(enum.Enum):
+    PRE_VOTE = "pre_vote"
+    PRE_VOTE_RESP = "pre_vote_resp"
+    VOTE = "vote"
+    VOTE_RESP = "vote_resp"
+    APPEND = "append"
+    APPEND_RESP = "append_resp"
+    HEARTBEAT = "heartbeat"
+    HEARTBEAT_RESP = "heartbeat_resp"
+    TIMEOUT_NOW = "timeout_now"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message between two cores of a group.
+
+    The meaning of `index` and `log_term` depends on the type:
+      * PRE_VOTE / VOTE: the candidate's last index and the term of that entry.
+      * APPEND: the index and term of the entry just before `entries`.
+      * APPEND_RESP: accepted, the follower's last matching index; rejected, the `index`
+        of the APPEND it rejects, with the hint in `reject_hint` and `log_term` (the
+        follower's term at the hint).
+    """
+
+    type: MsgType
+    src: str
+    dst: str
+    term: int
+    index: int = 0
+    log_term: int = 0
+    entries: tuple[Entry, ...] = ()
+    commit: int = 0
+    reject: bool = False
+    reject_hint: int = 0
+    #: A vote asked for at the leader's request (leadership transfer): bypasses the lease.
+    force: bool = False
+
+
+class NotLeader(Exception):
+    """A proposal reached a core that is not the leader (or is handing leadership over)."""
+
+    def __init__(self, leader: str | None, term: int) -> None:
+        super().__init__(f"not the leader; leader {leader!r} at term {term}")
+        self.leader = leader
+        self.term = term
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A batch of work for the driver, in order: persist, send, apply, then `advance`."""
+
+    #: The hard state to persist, or None if it has not changed since the last batch.
+    hard_state: HardState | None
+    #: Entries to persist; the first one's index may overwrite (truncate) stored entries.
+    entries: tuple[Entry, ...]
+    #: Messages to send once `entries` and `hard_state` are persisted.
+    messages: tuple[Message, ...]
+    #: Entries now committed (and persisted), to apply in order.
+    committed: tuple[Entry, ...]
+    #: Who the core thinks leads, its role and term (volatile; not to persist).
+    leader: str | None
+    role: Role
+    term: int
+
+    def __bool__(self) -> bool:
+        return bool(self.hard_state or self.entries or self.messages or self.committed)
+
+
+@dataclass(slots=True)
+class Progress:
+    """The leader's view of one follower's log."""
+
+    match: int = 0
+    next: int = 1
+    #: Probing sends one append at a time until the follower's log position is known;
+    #: replicating pipelines appends, moving `next` ahead optimistically.
+    probing: bool = True
+    #: Waiting for the answer to the one append a probe sends.
+    paused: bool = False
+    #: Heard from since the last CheckQuorum round.
+    active: bool = False
+
+
+@dataclass(slots=True)
+class _Log:
+    """Persisted entries (in storage) plus those not yet persisted (`unstable`).
+
+    `unstable[0]` sits at index `offset`; stored entries at or after `offset` are
+    overwritten by the driver when it persists `unstable`.
+    """
+
+    storage: Storage
+    offset: int
+    unstable: list[Entry] = field(default_factory=list)
+    committed: int = 0
+    applied: int = 0
+
+    def last_index(self) -> int:
+        return self.offset + len(self.unstable) - 1
+
+    def last_term(self) -> int:
+        return self.term_at(self.last_index())
+
+    def term_at(self, index: int) -> int:
+        """The term at `index`, or -1 past the end of the log."""
+        if index >= self.offset:
+            i = index - self.offset
+            return self.unstable[i].term if i < len(self.unstable) else -1
+        return self.storage.term_at(index)
+
+    def matches(self, index: int, term: int) -> bool:
+        return self.term_at(index) == term
+
+    def slice(self, lo: int, hi: int) -> list[Entry]:
+        """Entries lo..hi-1."""
+        out: list[Entry] = []
+        if lo < self.offset:
+            out = self.storage.entries(lo, min(hi, self.offset))
+        if hi > self.offset:
+            out.extend(self.unstable[max(lo, self.offset) - self.offset : hi - self.offset])
+        return out
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Append entries starting at entries[0].index, dropping what follows it."""
+        first = entries[0].index
+        assert self.committed < first <= self.last_index() + 1, (first, self.committed)
+        if first <= self.offset:
+            self.offset = first
+            self.unstable = list(entries)
+        else:
+            del self.unstable[first - self.offset :]
+            self.unstable.extend(entries)
+
+    def find_conflict(self, entries: Sequence[Entry]) -> int:
+        """Index of the first of `entries` this log lacks or holds at another term, or 0."""
+        for e in entries:
+            if not self.matches(e.index, e.term):
+                return e.index
+        return 0
+
+    def hint_at_or_before(self, index: int, term: int) -> int:
+        """The largest index <= `index` whose term is <= `term` (etcd's findConflictByTerm)."""
+        index = min(index, self.last_index())
+        while index > 0 and self.term_at(index) > term:
+            index -= 1
+        return index
+
+    def is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        """Whether a log ending at (last_index, last_term) is at least as recent as this one."""
+        mine = self.last_term()
+        return last_term > mine or (last_term == mine and last_index >= self.last_index())
+
+    def commit_to(self, index: int) -> bool:
+        if index <= self.committed:
+            return False
+        assert index <= self.last_index(), (index, self.last_index())
+        self.committed = index
+        return True
+
+    def stable_to(self, index: int, term: int) -> None:
+        """The driver persisted entries up to `index` (the last at `term`)."""
+        i = index - self.offset
+        if 0 <= i < len(self.unstable) and self.unstable[i].term == term:
+            del self.unstable[: i + 1]
+            self.offset = index + 1
+
+    def to_apply(self) -> list[Entry]:
+        hi = min(self.committed, self.offset - 1)
+        return self.slice(self.applied + 1, hi + 1) if hi > self.applied else []
+
+
+class RaftCore:
+    """One member of a Raft group; see the module docstring for its driver's loop."""
+
+    def __init__(
+        self,
+        node_id: str,
+        peers: Iterable[str],
+        storage: Storage,
+        rng: random.Random,
+        *,
+        election_ticks: int = 10,
+        heartbeat_ticks: int = 1,
+        applied: int = 0,
+        max_entries_per_msg: int = MAX_ENTRIES_PER_MSG,
+        pre_vote: bool = True,
+        check_quorum: bool = True,
+    ) -> None:
+        self.id = node_id
+        self.peers = tuple(sorted(set(peers) | {node_id}))
+        assert election_ticks > heartbeat_ticks >= 1
+        self.election_ticks = election_ticks
+        self.heartbeat_ticks = heartbeat_ticks
+        assert max_entries_per_msg >= 1
+        self.max_entries_per_msg = max_entries_per_msg
+        self.pre_vote = pre_vote
+        self.check_quorum = check_quorum
+        self._rng = rng
+        hard = storage.hard_state()
+        self.term = hard.term
+        self.vote = hard.vote
+        self.log = _Log(storage, offset=storage.last_index() + 1)
+        assert hard.commit <= self.log.last_index()
+        self.log.committed = hard.commit
+        assert applied <= hard.commit, (applied, hard.commit)
+        self.log.applied = applied
+        self._persisted_hard = hard
+        self.role = Role.FOLLOWER
+        self.leader: str | None = None
+        self.progress: dict[str, Progress] = {}
+        self._votes: dict[str, bool] = {}
+        self._transferee: str | None = None
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._timeout = self._random_timeout()
+        self._msgs: list[Message] = []
+
+    # -- the driver's inputs --------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One unit of logical time."""
+        self._election_elapsed += 1
+        if self.role is not Role.LEADER:
+            if self._election_elapsed >= self._timeout:
+                self.campaign()
+            return
+        self._heartbeat_elapsed += 1
+        if self._election_elapsed >= self.election_ticks:
+            self._election_elapsed = 0
+            self._transferee = None
+            if self.check_quorum:
+                heard = sum(1 for p, pr in self.progress.items() if p == self.id or pr.active)
+                if heard < self._quorum():
+                    self._become_follower(self.term, None)
+                    return
+                for p, pr in self.progress.items():
+                    pr.active = p == self.id
+        if self._heartbeat_elapsed >= self.heartbeat_ticks:
+            self._heartbeat_elapsed = 0
+            for p in self._others():
+                pr = self.progress[p]
+                self._send(MsgType.HEARTBEAT, p, commit=min(pr.match, self.log.committed))
+
+    def propose(self, data: bytes) -> int:
+        """Append `data` to the log as leader; returns its index. Raises `NotLeader`."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader, self.term)
+        if self._transferee is not None:
+            raise NotLeader(self._transferee, self.term)
+        index = self.log.last_index() + 1
+        self.log.append([Entry(self.term, index, data)])
+        self._maybe_commit()
+        self._broadcast_append()
+        return index
+
+    def campaign(self) -> None:
+        """Start an election now (after a PreVote round if PreVote is on)."""
+        if self.role is Role.LEADER:
+            return
+        if self.pre_vote:
+            self._become_pre_candidate()
+        else:
+            self._become_candidate()
+
+    def transfer_leadership(self, to: str) -> None:
+        """As leader, hand leadership to `to` once its log is caught up (TimeoutNow)."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader, self.term)
+        assert to in self.peers, to
+        if to == self.id:
+            return
+        self._transferee = to  # given up at the next CheckQuorum round if not done by then
+        pr = self.progress[to]
+        if pr.match == self.log.last_index():
+            self._send(MsgType.TIMEOUT_NOW, to)
+        else:
+            self._send_append(to, even_if_empty=True)
+
+    def step(self, m: Message) -> None:
+        """Take one message from a peer."""
+        assert m.dst == self.id, m
+        if m.src not in self.peers:
+            return
+        if m.term > self.term:
+            if m.type in (MsgType.PRE_VOTE, MsgType.VOTE):
+                in_lease = (
+                    self.check_quorum
+                    and self.leader is not None
+                    and self._election_elapsed < self.election_ticks
+                )
+                if in_lease and not m.force:
+                    return  # a leader was heard from recently: no election now
+            if m.type is MsgType.PRE_VOTE or (m.type is MsgType.PRE_VOTE_RESP and not m.reject):
+                pass  # a PreVote round never changes anyone's term
+            elif m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+                self._become_follower(m.term, m.src)
+            else:
+                self._become_follower(m.term, None)
+        elif m.term < self.term:
+            if m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+                # A stale leader: tell it the term so it steps down.
+                self._send(MsgType.APPEND_RESP, m.src)
+            elif m.type is MsgType.PRE_VOTE:
+                self._send(MsgType.PRE_VOTE_RESP, m.src, reject=True)
+            return
+
+        if m.type in (MsgType.PRE_VOTE, MsgType.VOTE):
+            self._handle_vote(m)
+        elif self.role is Role.LEADER:
+            self._step_leader(m)
+        elif self.role is Role.FOLLOWER:
+            self._step_follower(m)
+        else:
+            self._step_candidate(m)
+
+    # -- the driver's output --------------------------------------------------------------
+
+    def hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed)
+
+    def has_ready(self) -> bool:
+        return bool(
+            self._msgs
+            or self.log.unstable
+            or self.hard_state() != self._persisted_hard
+            or self.log.to_apply()
+        )
+
+    def ready(self) -> Ready:
+        hard = self.hard_state()
+        rd = Ready(
+            hard_state=hard if hard != self._persisted_hard else None,
+            entries=tuple(self.log.unstable),
+            messages=tuple(self._msgs),
+            committed=tuple(self.log.to_apply()),
+            leader=self.leader,
+            role=self.role,
+            term=self.term,
+        )
+        self._msgs = []
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        """The driver persisted, sent and applied everything in `rd`."""
+        if rd.hard_state is not None:
+            self._persisted_hard = rd.hard_state
+        if rd.entries:
+            last = rd.entries[-1]
+            self.log.stable_to(last.index, last.term)
+        if rd.committed:
+            self.log.applied = rd.committed[-1].index
+
+    # -- roles ----------------------------------------------------------------------------
+
+    def _become_follower(self, term: int, leader: str | None) -> None:
+        if term > self.term:
+            self.term = term
+            self.vote = None
+        self.role = Role.FOLLOWER
+        self.leader = leader
+        self._reset()
+
+    def _become_pre_candidate(self) -> None:
+        self.role = Role.PRE_CANDIDATE
+        self.leader = None
+        self._reset()
+        self._poll(MsgType.PRE_VOTE, self.term + 1)
+
+    def _become_candidate(self, force: bool = False) -> None:
+        self.term += 1
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+        self.leader = None
+        self._reset()
+        self._poll(MsgType.VOTE, self.term, force)
+
+    def _become_leader(self) -> None:
+        assert self.role is Role.CANDIDATE
+        self.role = Role.LEADER
+        self.leader = self.id
+        self._reset()
+        last = self.log.last_index()
+        self.progress = {p: Progress(next=last + 1, active=p == self.id) for p in self.peers}
+        self.log.append([Entry(self.term, last + 1, None)])
+        self.progress[self.id].match = last + 1
+        self._maybe_commit()
+        self._broadcast_append()
+
+    def _reset(self) -> None:
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._timeout = self._random_timeout()
+        self._votes = {}
+        self._transferee = None
+        if self.role is not Role.LEADER:
+            self.progress = {}
+
+    def _poll(self, kind: MsgType, term: int, force: bool = False) -> None:
+        self._votes = {self.id: True}
+        if self._tally() == "won":
+            self._won(kind)
+            return
+        for p in self._others():
+            self._msgs.append(
+                Message(
+                    kind,
+                    self.id,
+                    p,
+                    term,
+                    index=self.log.last_index(),
+                    log_term=self.log.last_term(),
+                    force=force,
+                )
+            )
+
+    def _won(self, kind: MsgType) -> None:
+        if kind is MsgType.PRE_VOTE:
+            self._become_candidate()
+        else:
+            self._become_leader()
+
+    def _tally(self) -> str:
+        granted = sum(self._votes.values())
+        if granted >= self._quorum():
+            return "won"
+        if len(self._votes) - granted > len(self.peers) - self._quorum():
+            return "lost"
+        return "pending"
+
+    # -- message handling -----------------------------------------------------------------
+
+    def _handle_vote(self, m: Message) -> None:
+        pre = m.type is MsgType.PRE_VOTE
+        can_vote = (
+            self.vote == m.src
+            or (self.vote is None and self.leader is None)
+            or (pre and m.term > self.term)
+        )
+        resp = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
+        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+            # A granted PreVote answers at the asked-for term, so the candidate counts it.
+            self._msgs.append(Message(resp, self.id, m.src, m.term))
+            if not pre:
+                self.vote = m.src
+                self._election_elapsed = 0
+        else:
+            self._send(resp, m.src, reject=True)
+
+    def _step_follower(self, m: Message) -> None:
+        if m.type is MsgType.APPEND:
+            self._election_elapsed = 0
+            self.leader = m.src
+            self._handle_append(m)
+        elif m.type is MsgType.HEARTBEAT:
+            self._election_elapsed = 0
+            self.leader = m.src
+            self.log.commit_to(m.commit)
+            self._send(MsgType.HEARTBEAT_RESP, m.src)
+        elif m.type is MsgType.TIMEOUT_NOW:
+            self._become_candidate(force=True)
+
+    def _step_candidate(self, m: Message) -> None:
+        if m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+            # A leader of this term exists (for a pre-candidate: of this term or later).
+            self._become_follower(m.term, m.src)
+            self._step_follower(m)
+            return
+        want = MsgType.PRE_VOTE_RESP if self.role is Role.PRE_CANDIDATE else MsgType.VOTE_RESP
+        if m.type is not want:
+            return
+        self._votes.setdefault(m.src, not m.reject)
+        outcome = self._tally()
+        if outcome == "won":
+            self._won(MsgType.PRE_VOTE if want is MsgType.PRE_VOTE_RESP else MsgType.VOTE)
+        elif outcome == "lost":
+            self._become_follower(self.term, None)
+
+    def _handle_append(self, m: Message) -> None:
+        log = self.log
+        if m.index < log.committed:
+            # Everything up to our commit index matches the leader's log already.
+            self._send(MsgType.APPEND_RESP, m.src, index=log.committed)
+            return
+        if log.matches(m.index, m.log_term):
+            last_new = m.index + len(m.entries)
+            conflict = log.find_conflict(m.entries)
+            if conflict:
+                log.append(m.entries[conflict - m.index - 1 :])
+            log.commit_to(min(m.commit, last_new))
+            self._send(MsgType.APPEND_RESP, m.src, index=last_new)
+            return
+        hint = log.hint_at_or_before(m.index, m.log_term)
+        self._send(
+            MsgType.APPEND_RESP,
+            m.src,
+            index=m.index,
+            reject=True,
+            reject_hint=hint,
+            log_term=log.term_at(hint),
+        )
+
+    def _step_leader(self, m: Message) -> None:
+        pr = self.progress[m.src]
+        pr.active = True
+        if m.type is MsgType.APPEND_RESP:
+            if m.reject:
+                if pr.probing and m.index != pr.next - 1:
+                    return  # answers an older probe
+                if not pr.probing and m.index <= pr.match:
+                    return  # stale
+                # Skip back past the follower's conflicting term in one step.
+                probe = m.reject_hint
+                if m.log_term > 0:
+                    probe = self.log.hint_at_or_before(m.reject_hint, m.log_term)
+                pr.next = max(min(m.index, probe + 1), pr.match + 1)
+                pr.probing = True
+                pr.paused = False
+                self._send_append(m.src)
+                return
+            pr.paused = False
+            if m.index > pr.match:
+                pr.match = m.index
+                pr.next = max(pr.next, m.index + 1)
+                pr.probing = False
+                if self._maybe_commit():
+                    self._broadcast_append()
+                elif pr.next <= self.log.last_index():
+                    self._send_append(m.src)
+            if m.src == self._transferee and pr.match == self.log.last_index():
+                self._send(MsgType.TIMEOUT_NOW, m.src)
+        elif m.type is MsgType.HEARTBEAT_RESP:
+            pr.paused = False
+            if pr.match < self.log.last_index():
+                # Empty if `next` ran ahead over a lost append: the follower's rejection
+                # then moves `next` back.
+                self._send_append(m.src, even_if_empty=True)
+
+    # -- replication ----------------------------------------------------------------------
+
+    def _maybe_commit(self) -> bool:
+        """Commit the highest index a majority holds, if that entry is of this term (5.4.2)."""
+        self.progress[self.id].match = self.log.last_index()
+        matches = sorted((pr.match for pr in self.progress.values()), reverse=True)
+        index = matches[self._quorum() - 1]
+        if index > self.log.committed and self.log.term_at(index) == self.term:
+            return self.log.commit_to(index)
+        return False
+
+    def _broadcast_append(self) -> None:
+        for p in self._others():
+            self._send_append(p, even_if_empty=True)
+
+    def _send_append(self, to: str, even_if_empty: bool = False) -> None:
+        pr = self.progress[to]
+        if pr.probing and pr.paused:
+            return
+        last = self.log.last_index()
+        hi = min(last + 1, pr.next + self.max_entries_per_msg)
+        entries = tuple(self.log.slice(pr.next, hi))
+        if not entries and not even_if_empty:
+            return
+        prev = pr.next - 1
+        self._msgs.append(
+            Message(
+                MsgType.APPEND,
+                self.id,
+                to,
+                self.term,
+                index=prev,
+                log_term=self.log.term_at(prev),
+                entries=entries,
+                commit=self.log.committed,
+            )
+        )
+        if pr.probing:
+            pr.paused = True
+        elif entries:
+            pr.next = entries[-1].index + 1
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _send(self, kind: MsgType, to: str, **fields: object) -> None:
+        self._msgs.append(Message(kind, self.id, to, self.term, **fields))  # type: ignore[arg-type]
+
+    def _others(self) -> list[str]:
+        return [p for p in self.peers if p != self.id]
+
+    def _quorum(self) -> int:
+        return len(self.peers) // 2 + 1
+
+    def _random_timeout(self) -> int:
+        return self._rng.randrange(self.election_ticks, 2 * self.election_ticks)

@@ -1,0 +1,437 @@
+"""A seeded, deterministic simulation of a Raft group, in one process.
+
+N `RaftCore`s talk over a simulated network that drops, duplicates, delays (and so
+reorders) messages and cuts the group into partitions that later heal. Each node has a
+simulated disk (`MemoryStorage`) that its driver writes from each `Ready`, but not
+always at once: a crash loses whatever the driver had not persisted, and a restarted
+node comes back from its disk alone, its state machine rebuilt by re-applying the log.
+Nodes also pause (a stopped process: messages to it wait). Clients propose entries to
+random nodes, following a `NotLeader` hint once.
+
+Checked all along: at most one leader per term; a node's term never goes back and its
+vote never changes within a term on disk; a committed entry never changes (same index,
+same term and data on every node that has it committed, checked as each node's commit
+index moves and in every node's whole log every 50 steps); every node applies the same
+entries in the same order. At the end the faults stop, and the group must converge:
+every node applies every entry a node had applied (so every proposal whose commit was
+acknowledged), each once.
+
+Everything random comes from one seed, so a failure replays exactly:
+
+    python -m zdmq.raft.sim --seed 17 --steps 400 --nodes 5 [--trace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from zdmq.raft.core import Message, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.storage import Entry, MemoryStorage
+
+__all__ = ["SimConfig", "SimFailure", "SimResult", "main", "run"]
+
+
+class SimFailure(AssertionError):
+    """An invariant broke; the message ends with the command that replays the run."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """The fault model. Rates are chances per simulated step (one tick of every node).
+
+    Each seed draws its own rate for every fault, uniformly between 0 and the rate given
+    here, and its own append size from `max_entries_per_msg` ("swarm testing"): a run
+    calm on one fault and harsh on another reaches states a fixed mix rarely does.
+    """
+
+    nodes: int = 3
+    steps: int = 400
+    election_ticks: int = 10
+    max_delay: int = 3
+    drop: float = 0.15
+    duplicate: float = 0.06
+    crash: float = 0.012
+    #: A leader's extra chance of crashing: new leaders that fail fast are what leave
+    #: old-term entries half replicated (Raft's Figure 8).
+    crash_leader: float = 0.08
+    down_steps: tuple[int, int] = (2, 50)
+    pause: float = 0.012
+    pause_steps: tuple[int, int] = (3, 40)
+    partition: float = 0.03
+    partition_steps: tuple[int, int] = (3, 80)
+    #: Chance a driver leaves its node's Ready for a later step (what a crash then loses).
+    persist_lag: float = 0.5
+    #: Chance a leader is asked to hand over to a random peer (transfer_leadership).
+    transfer: float = 0.02
+    propose: float = 0.3
+    #: Entries an append carries at most: small limits split a new leader's catch-up
+    #: from its empty entry, which is where committing by counting an old term breaks.
+    max_entries_per_msg: tuple[int, ...] = (1, 2, 3, 64)
+    #: Steps the healed group gets to converge.
+    heal_steps: int = 1500
+
+    def draw(self, rng: random.Random) -> SimConfig:
+        """This config with every fault rate drawn in [0, rate] (one seed's mix)."""
+        rates = ("drop", "duplicate", "crash", "crash_leader", "pause", "partition")
+        drawn: dict[str, Any] = {k: rng.uniform(0, getattr(self, k)) for k in rates}
+        drawn["persist_lag"] = rng.uniform(0, self.persist_lag)
+        drawn["transfer"] = rng.uniform(0, self.transfer)
+        drawn["max_entries_per_msg"] = (rng.choice(self.max_entries_per_msg),)
+        return replace(self, **drawn)
+
+
+@dataclass(slots=True)
+class SimResult:
+    seed: int
+    leaders: int = 0
+    crashes: int = 0
+    partitions: int = 0
+    transfers: int = 0
+    proposed: int = 0
+    acked: int = 0
+    applied: int = 0
+    messages: int = 0
+    steps_to_converge: int = 0
+
+
+@dataclass(slots=True)
+class _Node:
+    id: str
+    disk: MemoryStorage = field(default_factory=MemoryStorage)
+    core: RaftCore | None = None
+    down_until: int = 0
+    paused_until: int = 0
+    applied: list[Entry] = field(default_factory=list)
+    #: Committed entries of this node's log already compared with the committed ones.
+    checked: int = 0
+    starts: int = 0
+
+
+class _Sim:
+    def __init__(
+        self, seed: int, cfg: SimConfig, trace: Callable[[str], None] | None = None
+    ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.asked = cfg
+        self.cfg = cfg = cfg.draw(self.rng)
+        self.trace = trace
+        self.ids = [f"n{i}" for i in range(cfg.nodes)]
+        self.nodes = {i: _Node(i) for i in self.ids}
+        self.now = 0
+        self.healing = False
+        self.net: list[tuple[int, int, Message]] = []
+        self.seq = 0
+        self.groups: dict[str, int] | None = None
+        self.heal_at = 0
+        self.leaders: dict[int, str] = {}
+        self.committed: dict[int, tuple[int, bytes | None]] = {}
+        self.proposals: set[bytes] = set()
+        self.acked: set[bytes] = set()
+        self.result = SimResult(seed)
+        self.batch = cfg.max_entries_per_msg[0]
+        for n in self.nodes.values():
+            self._start(n)
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        for _ in range(self.cfg.steps):
+            self._faults()
+            self._step()
+        self._heal()
+        for extra in range(self.cfg.heal_steps):
+            self._step()
+            if extra % 10 == 0 and self._converged():
+                self.result.steps_to_converge = extra
+                break
+        else:
+            self._fail("the healed group did not converge")
+        self._check_logs()
+        self._check_final()
+        self.result.acked = len(self.acked)
+        self.result.applied = len(self.nodes[self.ids[0]].applied)
+        return self.result
+
+    def _step(self) -> None:
+        self.now += 1
+        if self.groups is not None and self.now >= self.heal_at:
+            self._log("partition heals")
+            self.groups = None
+        for n in self.nodes.values():
+            if n.core is None and self.now >= n.down_until:
+                self._start(n)
+        self._deliver()
+        for n in self._running():
+            assert n.core is not None
+            n.core.tick()
+            self._check_leader(n)
+        if not self.healing and self.rng.random() < self.cfg.propose:
+            self._propose()
+        if not self.healing and self.rng.random() < self.cfg.transfer:
+            self._transfer()
+        for n in self._running():
+            if self.healing or self.rng.random() >= self.cfg.persist_lag:
+                self._handle_ready(n)
+        if self.now % 50 == 0:
+            self._check_logs()
+
+    def _running(self) -> list[_Node]:
+        return [n for n in self.nodes.values() if n.core is not None and self.now >= n.paused_until]
+
+    # -- faults -----------------------------------------------------------------------
+
+    def _faults(self) -> None:
+        cfg, rng = self.cfg, self.rng
+        for n in self.nodes.values():
+            p = cfg.crash + (cfg.crash_leader if n.core and n.core.role is Role.LEADER else 0)
+            if n.core is not None and rng.random() < p:
+                n.core = None
+                n.down_until = self.now + rng.randint(*cfg.down_steps)
+                self.result.crashes += 1
+                self._log(f"{n.id} crashes until {n.down_until}")
+            elif n.core is not None and self.now >= n.paused_until and rng.random() < cfg.pause:
+                n.paused_until = self.now + rng.randint(*cfg.pause_steps)
+                self._log(f"{n.id} pauses until {n.paused_until}")
+        if self.groups is None and rng.random() < cfg.partition:
+            cut = rng.randint(1, len(self.ids) - 1)
+            side = set(rng.sample(self.ids, cut))
+            self.groups = {i: int(i in side) for i in self.ids}
+            self.heal_at = self.now + rng.randint(*cfg.partition_steps)
+            self.result.partitions += 1
+            self._log(f"partition {sorted(side)} until {self.heal_at}")
+
+    def _heal(self) -> None:
+        self._log("faults stop; everything heals")
+        self.healing = True
+        self.groups = None
+        for n in self.nodes.values():
+            n.down_until = min(n.down_until, self.now)
+            n.paused_until = min(n.paused_until, self.now)
+
+    def _start(self, n: _Node) -> None:
+        n.starts += 1
+        rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
+        n.core = RaftCore(
+            n.id,
+            self.ids,
+            n.disk,
+            rng,
+            election_ticks=self.cfg.election_ticks,
+            max_entries_per_msg=self.batch,
+        )
+        n.applied = []  # the state machine is rebuilt from the log
+        n.checked = 0
+        if n.starts > 1:
+            self._log(f"{n.id} restarts at term {n.core.term} with {n.disk.last_index()} entries")
+
+    # -- network ----------------------------------------------------------------------
+
+    def _send(self, m: Message) -> None:
+        self.result.messages += 1
+        if not self.healing and self.rng.random() < self.cfg.drop:
+            return
+        copies = 2 if not self.healing and self.rng.random() < self.cfg.duplicate else 1
+        for _ in range(copies):
+            self.seq += 1
+            at = self.now + self.rng.randint(0, self.cfg.max_delay)
+            heapq.heappush(self.net, (at, self.seq, m))
+
+    def _deliver(self) -> None:
+        later: list[tuple[int, int, Message]] = []
+        while self.net and self.net[0][0] <= self.now:
+            item = heapq.heappop(self.net)
+            m = item[2]
+            dst = self.nodes[m.dst]
+            if dst.core is None:
+                continue
+            if self.groups is not None and self.groups[m.src] != self.groups[m.dst]:
+                continue
+            if self.now < dst.paused_until:
+                later.append((dst.paused_until, item[1], m))
+                continue
+            dst.core.step(m)
+            self._check_leader(dst)
+        for item in later:
+            heapq.heappush(self.net, item)
+
+    # -- clients ----------------------------------------------------------------------
+
+    def _propose(self) -> None:
+        running = self._running()
+        if not running:
+            return
+        n = self.rng.choice(running)
+        data = f"p{self.result.proposed}".encode()
+        for _ in range(2):
+            assert n.core is not None
+            try:
+                index = n.core.propose(data)
+            except NotLeader as e:
+                hint = self.nodes.get(e.leader) if e.leader else None
+                if hint is None or hint not in running:
+                    return
+                n = hint
+                continue
+            self.result.proposed += 1
+            self.proposals.add(data)
+            self._log(f"{n.id} takes {data!r} at {index}")
+            return
+
+    def _transfer(self) -> None:
+        leaders = [n for n in self._running() if n.core and n.core.role is Role.LEADER]
+        if leaders:
+            core = leaders[0].core
+            assert core is not None
+            to = self.rng.choice(self.ids)
+            self._log(f"{core.id} hands leadership to {to}")
+            core.transfer_leadership(to)
+            self._check_leader(leaders[0])
+            self.result.transfers += 1
+
+    # -- the driver -------------------------------------------------------------------
+
+    def _handle_ready(self, n: _Node) -> None:
+        core = n.core
+        assert core is not None
+        if not core.has_ready():
+            return
+        rd: Ready = core.ready()
+        n.disk.append(rd.entries)
+        if rd.hard_state is not None:
+            old = n.disk.hard_state()
+            new = rd.hard_state
+            if new.term < old.term:
+                self._fail(f"{n.id} persists term {new.term} after {old.term}")
+            if new.term == old.term and old.vote is not None and new.vote != old.vote:
+                self._fail(f"{n.id} changes its vote in term {new.term}: {old.vote} -> {new.vote}")
+            if new.commit < old.commit:
+                self._fail(f"{n.id} persists commit {new.commit} after {old.commit}")
+            n.disk.set_hard_state(new)
+        for m in rd.messages:
+            self._send(m)
+        for e in rd.committed:
+            if e.index != len(n.applied) + 1:
+                self._fail(f"{n.id} applies index {e.index} after {len(n.applied)}")
+            self._check_committed(n, e, "applies")
+            n.applied.append(e)
+            if e.data is not None and e.data in self.proposals:
+                self.acked.add(e.data)
+        core.advance(rd)
+        log = core.log
+        if log.committed > n.checked:
+            for e in log.slice(n.checked + 1, log.committed + 1):
+                self._check_committed(n, e, "commits")
+            n.checked = log.committed
+
+    # -- invariants -------------------------------------------------------------------
+
+    def _check_leader(self, n: _Node) -> None:
+        core = n.core
+        assert core is not None
+        if core.role is Role.LEADER:
+            first = self.leaders.setdefault(core.term, n.id)
+            if first != n.id:
+                self._fail(f"two leaders in term {core.term}: {first} and {n.id}")
+            if first == n.id and len(self.leaders) > self.result.leaders:
+                self.result.leaders = len(self.leaders)
+
+    def _check_committed(self, n: _Node, e: Entry, doing: str) -> None:
+        known = self.committed.get(e.index)
+        if known is None:
+            self.committed[e.index] = (e.term, e.data)
+        elif known is not None and known != (e.term, e.data):
+            self._fail(
+                f"{n.id} {doing} {e.index}=(term {e.term}, {e.data!r}) over the committed "
+                f"(term {known[0]}, {known[1]!r})"
+            )
+
+    def _check_logs(self) -> None:
+        for n in self.nodes.values():
+            if n.core is None:
+                continue
+            log = n.core.log
+            for e in log.slice(1, log.committed + 1):
+                known = self.committed.get(e.index)
+                if known is not None and known != (e.term, e.data):
+                    self._fail(f"{n.id} holds {e} committed, not the committed {known}")
+
+    def _converged(self) -> bool:
+        leaders = [n for n in self.nodes.values() if n.core and n.core.role is Role.LEADER]
+        if len(leaders) != 1:
+            return False
+        lead = leaders[0].core
+        assert lead is not None
+        last = lead.log.last_index()
+        if lead.log.committed != last:
+            return False
+        return all(len(n.applied) == last for n in self.nodes.values())
+
+    def _check_final(self) -> None:
+        first = self.nodes[self.ids[0]].applied
+        for n in self.nodes.values():
+            if n.applied != first:
+                self._fail(f"{n.id} applied another sequence than {self.ids[0]}")
+        datas = [e.data for e in first if e.data is not None]
+        if len(datas) != len(set(datas)):
+            self._fail("an entry was applied twice")
+        missing = self.acked - set(datas)
+        if missing:
+            self._fail(f"acknowledged entries not applied everywhere: {sorted(missing)[:5]}")
+
+    # -- reporting --------------------------------------------------------------------
+
+    def _log(self, what: str) -> None:
+        if self.trace is not None:
+            self.trace(f"[{self.now:5}] {what}")
+
+    def _fail(self, what: str) -> None:
+        raise SimFailure(
+            f"seed {self.seed}, step {self.now}: {what}\n  replay: "
+            f"{replay_command(self.seed, self.asked)} --trace"
+        )
+
+
+def replay_command(seed: int, cfg: SimConfig) -> str:
+    return f"python -m zdmq.raft.sim --seed {seed} --steps {cfg.steps} --nodes {cfg.nodes}"
+
+
+def run(
+    seed: int, cfg: SimConfig | None = None, trace: Callable[[str], None] | None = None
+) -> SimResult:
+    """Simulate one group from `seed`; raises `SimFailure` if an invariant breaks."""
+    return _Sim(seed, cfg or SimConfig(), trace).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zdmq.raft.sim", description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    ap.add_argument("--seeds", type=int, default=1, help="how many seeds from --seed")
+    ap.add_argument("--steps", type=int, default=SimConfig().steps)
+    ap.add_argument("--nodes", type=int, default=SimConfig().nodes)
+    ap.add_argument("--trace", action="store_true", help="print every fault and proposal")
+    args = ap.parse_args(argv)
+    cfg = SimConfig(nodes=args.nodes, steps=args.steps)
+    for seed in range(args.seed, args.seed + args.seeds):
+        try:
+            r = run(seed, cfg, print if args.trace else None)
+        except SimFailure as e:
+            print(f"FAIL {e}")
+            return 1
+        print(
+            f"seed {seed}: ok, {r.leaders} terms with a leader, {r.crashes} crashes, "
+            f"{r.partitions} partitions, {r.acked}/{r.proposed} proposals acknowledged, "
+            f"{r.applied} entries applied, {r.messages} messages, "
+            f"converged {r.steps_to_converge} steps after healing"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
