@@ -478,5 +478,6 @@ def test_the_package_exports_exactly_its_public_names() -> None:
     assert {n for n in vars(zdmq.raft) if not n.startswith("_")} - {
         "core",
         "sim",
+        "sqlite_storage",
         "storage",
     } == set(zdmq.raft.__all__)

@@ -3,10 +3,12 @@
 Nothing here opens a socket or a file or reads a clock; a driver moves messages and
 persists each `Ready`. zdmq/raft/sim.py drives several cores over a simulated network
 and disk to check Raft's safety properties under faults, from a replayable seed.
+zdmq/raft/sqlite_storage.py (imported on its own) is the durable log: every group of a
+node in one SQLite file, many groups' `Ready`s in one commit.
 """
 
 from zdmq.raft.core import Message, MsgType, NotLeader, Progress, RaftCore, Ready, Role
-from zdmq.raft.storage import Entry, HardState, MemoryStorage, Storage
+from zdmq.raft.storage import Entry, HardState, MemoryStorage, Storage, WritableStorage
 
 __all__ = [
     "Entry",
@@ -20,4 +22,5 @@ __all__ = [
     "Ready",
     "Role",
     "Storage",
+    "WritableStorage",
 ]

@@ -6,7 +6,9 @@ simulated disk (`MemoryStorage`) that its driver writes from each `Ready`, but n
 always at once: a crash loses whatever the driver had not persisted, and a restarted
 node comes back from its disk alone, its state machine rebuilt by re-applying the log.
 Nodes also pause (a stopped process: messages to it wait). Clients propose entries to
-random nodes, following a `NotLeader` hint once.
+random nodes, following a `NotLeader` hint once. `run(..., open_disk=...)` puts the disks
+on another `WritableStorage` (the SQLite log, reopened from its file at each restart); a
+run's outcome depends only on its seed, whatever the disk.
 
 Checked all along: at most one leader per term; a node's term never goes back and its
 vote never changes within a term on disk; a committed entry never changes (same index,
@@ -32,9 +34,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zdmq.raft.core import Message, NotLeader, RaftCore, Ready, Role
-from zdmq.raft.storage import Entry, MemoryStorage
+from zdmq.raft.storage import Entry, MemoryStorage, WritableStorage
 
-__all__ = ["SimConfig", "SimFailure", "SimResult", "main", "run"]
+__all__ = ["DiskOpener", "SimConfig", "SimFailure", "SimResult", "main", "run"]
+
+#: Opens node `id`'s disk as last persisted; called at each start and restart of the node.
+DiskOpener = Callable[[str], WritableStorage]
 
 
 class SimFailure(AssertionError):
@@ -103,7 +108,7 @@ class SimResult:
 @dataclass(slots=True)
 class _Node:
     id: str
-    disk: MemoryStorage = field(default_factory=MemoryStorage)
+    disk: WritableStorage = field(default_factory=MemoryStorage)
     core: RaftCore | None = None
     down_until: int = 0
     paused_until: int = 0
@@ -115,7 +120,11 @@ class _Node:
 
 class _Sim:
     def __init__(
-        self, seed: int, cfg: SimConfig, trace: Callable[[str], None] | None = None
+        self,
+        seed: int,
+        cfg: SimConfig,
+        trace: Callable[[str], None] | None = None,
+        open_disk: DiskOpener | None = None,
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -124,6 +133,7 @@ class _Sim:
         self.trace = trace
         self.ids = [f"n{i}" for i in range(cfg.nodes)]
         self.nodes = {i: _Node(i) for i in self.ids}
+        self.open_disk = open_disk
         self.now = 0
         self.healing = False
         self.net: list[tuple[int, int, Message]] = []
@@ -217,6 +227,8 @@ class _Sim:
 
     def _start(self, n: _Node) -> None:
         n.starts += 1
+        if self.open_disk is not None:
+            n.disk = self.open_disk(n.id)
         rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
         n.core = RaftCore(
             n.id,
@@ -303,7 +315,6 @@ class _Sim:
         if not core.has_ready():
             return
         rd: Ready = core.ready()
-        n.disk.append(rd.entries)
         if rd.hard_state is not None:
             old = n.disk.hard_state()
             new = rd.hard_state
@@ -313,7 +324,7 @@ class _Sim:
                 self._fail(f"{n.id} changes its vote in term {new.term}: {old.vote} -> {new.vote}")
             if new.commit < old.commit:
                 self._fail(f"{n.id} persists commit {new.commit} after {old.commit}")
-            n.disk.set_hard_state(new)
+        n.disk.persist(rd)
         for m in rd.messages:
             self._send(m)
         for e in rd.committed:
@@ -403,10 +414,16 @@ def replay_command(seed: int, cfg: SimConfig) -> str:
 
 
 def run(
-    seed: int, cfg: SimConfig | None = None, trace: Callable[[str], None] | None = None
+    seed: int,
+    cfg: SimConfig | None = None,
+    trace: Callable[[str], None] | None = None,
+    open_disk: DiskOpener | None = None,
 ) -> SimResult:
-    """Simulate one group from `seed`; raises `SimFailure` if an invariant breaks."""
-    return _Sim(seed, cfg or SimConfig(), trace).run()
+    """Simulate one group from `seed`; raises `SimFailure` if an invariant breaks.
+
+    `open_disk` gives each node its disk at every start (default: one `MemoryStorage`
+    per node, kept across restarts)."""
+    return _Sim(seed, cfg or SimConfig(), trace, open_disk).run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
 """What a Raft core has persisted: its hard state and its log, behind `Storage`.
 
 The core only reads storage; the driver writes it, from each `Ready`, before it sends
-that batch's messages (zdmq/raft/core.py). `MemoryStorage` keeps both in the process;
-a durable store (SQLite) will implement the same five methods.
+that batch's messages (zdmq/raft/core.py), through `WritableStorage`. `MemoryStorage`
+keeps both in the process; `zdmq.raft.sqlite_storage.GroupLog` keeps them in SQLite,
+many groups to one file.
 
 Log indices start at 1; index 0 is the empty prefix, of term 0.
 """
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-__all__ = ["Entry", "HardState", "MemoryStorage", "Storage"]
+if TYPE_CHECKING:
+    from zdmq.raft.core import Ready
+
+__all__ = ["Entry", "HardState", "MemoryStorage", "Storage", "WritableStorage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +53,22 @@ class Storage(Protocol):
         ...
 
 
+class WritableStorage(Storage, Protocol):
+    """A `Storage` plus the writes its driver makes."""
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Write `entries`, first dropping every stored entry at or after the first one's index."""
+        ...
+
+    def set_hard_state(self, hard: HardState) -> None: ...
+
+    def persist(self, rd: Ready) -> None:
+        """Write a `Ready`'s entries, then its hard state (if any), all or nothing."""
+        ...
+
+
 class MemoryStorage:
-    """A `Storage` in memory, plus the two writes a driver makes."""
+    """A `Storage` in memory, plus the writes a driver makes."""
 
     __slots__ = ("_entries", "_hard")
 
@@ -84,3 +102,8 @@ class MemoryStorage:
     def set_hard_state(self, hard: HardState) -> None:
         assert hard.commit <= len(self._entries), (hard.commit, len(self._entries))
         self._hard = hard
+
+    def persist(self, rd: Ready) -> None:
+        self.append(rd.entries)
+        if rd.hard_state is not None:
+            self.set_hard_state(rd.hard_state)

@@ -1,0 +1,446 @@
+"""The durable Raft log: many groups' hard states and logs in one SQLite file.
+
+A node runs one Raft group per ring window, and all of them keep their log here, in one
+file with one connection, so that one commit (one fsync) can carry the `Ready`s of many
+groups:
+
+    store = RaftLogStore(path, durability="fsync")
+    g1, g2 = store.group("0"), store.group("1")
+    with store.batch():          # one transaction, one commit, one fsync
+        g1.persist(rd1)
+        g2.persist(rd2)
+    # both are durable here; now send their messages
+
+Outside a `batch()` each `persist` (or `append`, `set_hard_state`) is its own transaction.
+A `Ready`'s writes (truncating a conflicting suffix, appending entries, setting the hard
+state) always land together or not at all. If a write fails before the commit, the
+transaction rolls back and the touched groups reload from the file; if the commit itself
+fails the file's state is unknown (an fsync error may have dropped pages), so the store
+marks itself failed and refuses everything after.
+
+    durability: fsync   synchronous=FULL: the WAL is fsynced before a commit returns
+    durability: os      synchronous=OFF: written to the OS at commit, not flushed
+    durability: memory  an in-memory database, for tests
+
+Tables (named raft_* so they can share a file with the node's other tables):
+    raft_meta        key -> value; `identity`, a random id written when the file is created
+    raft_hard_state  group -> term, vote, commit
+    raft_log         (group, index) -> term, data
+
+Reads are served from memory where cheap, so the core's hot reads never reach SQLite:
+each group keeps its hard state and last index, its log's terms as runs (the first index
+of each run of equal terms: a handful per group, so `term_at` of any index is a bisect),
+and the entries of the log's tail (the last `tail_entries`). Only `entries` reaching
+below the tail reads the file. Opening a group scans its log's terms once, to build the
+runs: until snapshots bound the log, that is linear in its length.
+
+`store.identity` tells a node that lost its disk (a new, empty file has a new identity)
+from one that restarted with its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import sqlite3
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from zdmq.raft.storage import Entry, HardState
+
+if TYPE_CHECKING:
+    from zdmq.raft.core import Ready
+
+__all__ = ["Durability", "GroupLog", "RaftLogStore", "RaftStorageFailed"]
+
+Durability = Literal["fsync", "os", "memory"]
+
+#: Entries of each group's log tail kept in memory (served to `entries` without SQLite).
+TAIL_ENTRIES = 1024
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS raft_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_hard_state (
+    grp TEXT PRIMARY KEY,
+    term INTEGER NOT NULL,
+    vote TEXT,
+    commit_index INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_log (
+    grp TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    data BLOB,
+    PRIMARY KEY (grp, idx)
+) WITHOUT ROWID;
+"""
+
+
+class RaftStorageFailed(Exception):
+    """A commit failed: what the file holds is unknown, so the store refuses all writes."""
+
+
+class RaftLogStore:
+    """One SQLite file holding the hard state and log of every Raft group of a node."""
+
+    def __init__(
+        self,
+        path: Path | str | None,
+        durability: Durability = "fsync",
+        *,
+        tail_entries: int = TAIL_ENTRIES,
+    ) -> None:
+        if durability not in ("fsync", "os", "memory"):
+            raise ValueError(f"durability: expected fsync, os or memory, got {durability!r}")
+        if durability != "memory" and path is None:
+            raise ValueError(f"durability {durability!r} needs a path")
+        assert tail_entries >= 1
+        self.path = None if durability == "memory" else Path(path)  # type: ignore[arg-type]
+        self.durability: Durability = durability
+        self.tail_entries = tail_entries
+        self.failed: str | None = None
+        #: Transactions committed (a batch of many groups' writes counts once).
+        self.commits = 0
+        self._groups: dict[str, GroupLog] = {}
+        self._depth = 0  # nested batch() levels open
+        self._touched: set[str] = set()  # groups written in the open transaction
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            ":memory:" if self.path is None else self.path,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            # One process owns the file: the lock is taken once and kept (no lock calls
+            # per commit, the WAL index in this process's memory, a second opener refused).
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+            if self.path is not None:
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'fsync' else 'OFF'}")
+            conn.executescript(_SCHEMA)
+            # Written once, when the file is created (a lost disk comes back with a new one).
+            conn.execute(
+                "INSERT OR IGNORE INTO raft_meta (key, value) VALUES ('identity', ?)",
+                (uuid.uuid4().hex,),
+            )
+            row = conn.execute("SELECT value FROM raft_meta WHERE key = 'identity'").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        #: A random id written when the file was created: a new file (a lost disk) has a new one.
+        self.identity: str = row[0]
+
+    # -- groups ---------------------------------------------------------------------------
+
+    def group(self, group_id: str) -> GroupLog:
+        """The log of `group_id` (empty if nothing was ever persisted for it)."""
+        g = self._groups.get(group_id)
+        if g is None:
+            self._check()
+            g = self._groups[group_id] = GroupLog(self, group_id)
+        return g
+
+    def group_ids(self) -> list[str]:
+        """Every group with a hard state or an entry in the file, sorted."""
+        rows = self._conn.execute(
+            "SELECT grp FROM raft_hard_state UNION SELECT DISTINCT grp FROM raft_log ORDER BY 1"
+        )
+        return [r[0] for r in rows]
+
+    # -- transactions ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """One transaction (one commit, one fsync) for every write made inside it.
+
+        Returns once the commit is durable (under `fsync`). An exception inside rolls
+        back every write of the batch, in every group. Batches nest: the outermost one
+        commits.
+        """
+        with self._transaction():
+            yield
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._check()
+        conn = self._conn
+        if self._depth == 0:
+            conn.execute("BEGIN")
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self._rollback()
+            raise
+        self._depth -= 1
+        if self._depth:
+            return
+        try:
+            conn.execute("COMMIT")
+        except BaseException as e:
+            self.failed = f"commit failed: {e!r}"
+            raise RaftStorageFailed(self.failed) from e
+        finally:
+            self._touched.clear()
+        self.commits += 1
+
+    def _rollback(self) -> None:
+        touched, self._touched = self._touched, set()
+        try:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            for gid in touched:
+                self._groups[gid]._load()
+        except Exception as e:
+            self.failed = f"rollback failed: {e!r}"
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise RaftStorageFailed(f"raft storage failed earlier: {self.failed}")
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the file (an open batch must have ended)."""
+        assert self._depth == 0, "close() inside batch()"
+        self._conn.close()
+        self._groups.clear()
+
+    def __enter__(self) -> RaftLogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GroupLog:
+    """One group's hard state and log: the core's `Storage`, and its driver's writes."""
+
+    __slots__ = (
+        "_hard",
+        "_last",
+        "_run_starts",
+        "_run_terms",
+        "_store",
+        "_tail",
+        "_tail_start",
+        "group_id",
+    )
+
+    def __init__(self, store: RaftLogStore, group_id: str) -> None:
+        self._store = store
+        self.group_id = group_id
+        self._hard = HardState()
+        self._last = 0
+        # Runs of equal terms: the run k covers indices _run_starts[k] up to the next start.
+        self._run_starts: list[int] = []
+        self._run_terms: list[int] = []
+        # The last entries of the log: _tail[0] is at index _tail_start.
+        self._tail: list[Entry] = []
+        self._tail_start = 1
+        self._load()
+
+    def _load(self) -> None:
+        conn, gid = self._store._conn, self.group_id
+        row = conn.execute(
+            "SELECT term, vote, commit_index FROM raft_hard_state WHERE grp = ?", (gid,)
+        ).fetchone()
+        self._hard = HardState(*row) if row else HardState()
+        starts: list[int] = []
+        terms: list[int] = []
+        last = 0
+        for idx, term in conn.execute(
+            "SELECT idx, term FROM raft_log WHERE grp = ? ORDER BY idx", (gid,)
+        ):
+            if idx != last + 1:
+                raise RaftStorageFailed(f"group {gid!r}: the log skips from {last} to {idx}")
+            if not terms or terms[-1] != term:
+                starts.append(idx)
+                terms.append(term)
+            last = idx
+        self._run_starts, self._run_terms, self._last = starts, terms, last
+        lo = max(1, last - self._store.tail_entries + 1)
+        self._tail = self._read(lo, last + 1)
+        self._tail_start = lo
+
+    def _read(self, lo: int, hi: int) -> list[Entry]:
+        rows = self._store._conn.execute(
+            "SELECT term, idx, data FROM raft_log WHERE grp = ? AND idx >= ? AND idx < ? "
+            "ORDER BY idx",
+            (self.group_id, lo, hi),
+        )
+        return [Entry(*r) for r in rows]
+
+    # -- Storage: what the core reads ----------------------------------------------------
+
+    def hard_state(self) -> HardState:
+        return self._hard
+
+    def last_index(self) -> int:
+        return self._last
+
+    def term_at(self, index: int) -> int:
+        assert 0 <= index <= self._last, index
+        if index >= self._tail_start:
+            return self._tail[index - self._tail_start].term
+        if index == 0:
+            return 0
+        return self._run_terms[bisect.bisect_right(self._run_starts, index) - 1]
+
+    def entries(self, lo: int, hi: int) -> list[Entry]:
+        assert 1 <= lo <= hi <= self._last + 1, (lo, hi)
+        start = self._tail_start
+        if lo >= start:
+            return self._tail[lo - start : hi - start]
+        out = self._read(lo, min(hi, start))
+        if hi > start:
+            out.extend(self._tail[: hi - start])
+        return out
+
+    # -- the driver's writes -------------------------------------------------------------
+
+    def persist(self, rd: Ready) -> None:
+        """Writes a `Ready`'s entries and hard state in one transaction (or the open batch)."""
+        self.write(rd.entries, rd.hard_state)
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Writes `entries`, first dropping every stored entry at or after the first one's index."""
+        self.write(entries, None)
+
+    def set_hard_state(self, hard: HardState) -> None:
+        self.write((), hard)
+
+    def write(self, entries: Sequence[Entry], hard: HardState | None) -> None:
+        """Truncates and appends `entries`, then sets `hard` (if given), atomically."""
+        if not entries and hard is None:
+            return
+        last = self._last
+        if entries:
+            first = entries[0].index
+            assert 1 <= first <= last + 1, (first, last)
+            assert all(e.index == first + k for k, e in enumerate(entries)), "not contiguous"
+            last = entries[-1].index
+        if hard is not None:
+            assert hard.commit <= last, (hard.commit, last)
+        store, gid = self._store, self.group_id
+        with store._transaction():
+            store._touched.add(gid)
+            conn = store._conn
+            if entries:
+                if first <= self._last:
+                    conn.execute("DELETE FROM raft_log WHERE grp = ? AND idx >= ?", (gid, first))
+                conn.executemany(
+                    "INSERT INTO raft_log (grp, idx, term, data) VALUES (?, ?, ?, ?)",
+                    [(gid, e.index, e.term, e.data) for e in entries],
+                )
+            if hard is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO raft_hard_state (grp, term, vote, commit_index) "
+                    "VALUES (?, ?, ?, ?)",
+                    (gid, hard.term, hard.vote, hard.commit),
+                )
+            if entries:
+                self._cache_entries(entries)
+            if hard is not None:
+                self._hard = hard
+
+    def _cache_entries(self, entries: Sequence[Entry]) -> None:
+        first = entries[0].index
+        # Term runs: drop those starting at or after `first`, then extend.
+        k = bisect.bisect_left(self._run_starts, first)
+        del self._run_starts[k:], self._run_terms[k:]
+        starts, terms = self._run_starts, self._run_terms
+        for e in entries:
+            if not terms or terms[-1] != e.term:
+                starts.append(e.index)
+                terms.append(e.term)
+        self._last = entries[-1].index
+        # The tail stays contiguous and ends at the last index.
+        cap = self._store.tail_entries
+        if first < self._tail_start:
+            self._tail = list(entries[-cap:])
+            self._tail_start = self._last - len(self._tail) + 1
+            return
+        del self._tail[first - self._tail_start :]
+        self._tail.extend(entries)
+        if len(self._tail) > 2 * cap:  # trimmed in chunks: amortised O(1) per entry
+            drop = len(self._tail) - cap
+            del self._tail[:drop]
+            self._tail_start += drop
+
+
+# -- measuring --------------------------------------------------------------------------
+
+
+def bench(path: Path, durability: Durability = "fsync", seconds: float = 2.0) -> dict[str, float]:
+    """Entries persisted per second (one Ready of 1 and of 100 entries per commit, and 16
+    groups' Readies of 1 entry in one batch), and the cost of `term_at` / `entries` reads."""
+    out: dict[str, float] = {}
+    path.unlink(missing_ok=True)
+    with RaftLogStore(path, durability) as store:
+        data = b"x" * 100
+        for per_commit, groups in ((1, 1), (100, 1), (1, 16)):
+            logs = [store.group(f"b{per_commit}x{groups}/{g}") for g in range(groups)]
+            n = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                with store.batch():
+                    for g in logs:
+                        i = g.last_index()
+                        g.write(
+                            [Entry(1, i + k + 1, data) for k in range(per_commit)],
+                            HardState(1, None, i),
+                        )
+                        n += per_commit
+            dt = time.perf_counter() - t0
+            out[f"entries/s, {per_commit} per Ready, {groups} group(s) per commit"] = n / dt
+        g = store.group("b100x1/0")
+        last = g.last_index()
+        reads = 100_000
+        t0 = time.perf_counter()
+        for k in range(reads):
+            g.term_at(1 + k % last)
+        out["term_at µs (any index)"] = (time.perf_counter() - t0) / reads * 1e6
+        t0 = time.perf_counter()
+        for _ in range(reads):
+            g.entries(last - 63, last + 1)
+        out["entries µs (64 from the tail)"] = (time.perf_counter() - t0) / reads * 1e6
+        cold = 2000
+        t0 = time.perf_counter()
+        for k in range(cold):
+            lo = 1 + (k * 997) % (last - 2 * store.tail_entries)
+            g.entries(lo, lo + 64)
+        out["entries µs (64 below the tail, from SQLite)"] = (time.perf_counter() - t0) / cold * 1e6
+    path.unlink(missing_ok=True)
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m zdmq.raft.sqlite_storage", description="Measure the durable Raft log."
+    )
+    ap.add_argument("path", type=Path, help="a scratch file (deleted before and after)")
+    ap.add_argument("--durability", choices=("fsync", "os"), default="fsync")
+    ap.add_argument("--seconds", type=float, default=2.0, help="per write measurement")
+    args = ap.parse_args(argv)
+    for name, value in bench(args.path, args.durability, args.seconds).items():
+        print(f"{name}: {value:,.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
