@@ -34,9 +34,10 @@ from zdmq.raft import (
     Role,
     WritableStorage,
     sim,
+    sqlite_storage,
 )
 from zdmq.raft.sim import SimConfig
-from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
+from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore, RaftStorageFailed
 
 Factory = Callable[[Path], WritableStorage]
 
@@ -264,6 +265,26 @@ def test_a_failing_batch_rolls_back_every_group_in_memory_and_on_disk(tmp_path: 
     assert again.group_ids() == ["a"]
 
 
+def test_a_full_disk_fails_the_write_and_leaves_the_group_as_it_was(tmp_path: Path) -> None:
+    store = RaftLogStore(tmp_path / "raft.sqlite3", "fsync", tail_entries=2)
+    g = store.group("a")
+    g.append(ents(1, 1, 1, 1))
+    (pages,) = store._conn.execute("PRAGMA page_count").fetchone()
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")  # no room for one more page
+    before = contents(g)
+    big = [Entry(2, 2, bytes(64 * 1024))]
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        g.persist(ready(big, HardState(2, None, 1)))
+    assert contents(g) == before and [g.term_at(i) for i in range(4)] == [0, 1, 1, 1]
+    store._conn.execute("PRAGMA max_page_count = 1073741823")
+    g.persist(ready(big, HardState(2, None, 1)))
+    store.close()
+    assert contents(RaftLogStore(tmp_path / "raft.sqlite3", "fsync").group("a")) == (
+        HardState(2, None, 1),
+        ents(1, 1) + big,
+    )
+
+
 def test_durability_sets_what_a_commit_waits_for(tmp_path: Path) -> None:
     def synchronous(s: RaftLogStore) -> int:
         return int(s._conn.execute("PRAGMA synchronous").fetchone()[0])
@@ -284,8 +305,21 @@ def test_durability_sets_what_a_commit_waits_for(tmp_path: Path) -> None:
 def test_a_second_opener_of_the_file_is_refused(tmp_path: Path) -> None:
     store = RaftLogStore(tmp_path / "raft.sqlite3", "os")
     store.group("a").append(ents(1, 1))
-    with pytest.raises(sqlite3.OperationalError, match="locked"):
-        RaftLogStore(tmp_path / "raft.sqlite3", "os")
+    with pytest.raises(RaftStorageFailed, match="in use by another process"):
+        RaftLogStore(tmp_path / "raft.sqlite3", "os", lock_wait_s=0.05)
+    store.close()
+    assert RaftLogStore(tmp_path / "raft.sqlite3", "os").group("a").last_index() == 1
+
+
+def test_the_measurement_reports_writes_and_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert sqlite_storage.main([str(tmp_path / "bench.sqlite3"), "--seconds", "0.05"]) == 0
+    out = dict(line.rsplit(": ", 1) for line in capsys.readouterr().out.splitlines())
+    assert all(float(v.replace(",", "")) > 0 for v in out.values())
+    assert "entries/s, 100 per Ready, 1 group(s) per commit" in out
+    assert "term_at µs (any index)" in out
+    assert list(tmp_path.iterdir()) == []  # the scratch file is gone
 
 
 # -- a real crash ---------------------------------------------------------------------------
