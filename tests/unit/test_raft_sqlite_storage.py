@@ -265,6 +265,30 @@ def test_a_failing_batch_rolls_back_every_group_in_memory_and_on_disk(tmp_path: 
     assert again.group_ids() == ["a"]
 
 
+def test_a_batch_that_goes_on_after_a_failed_write_commits_none_of_it(tmp_path: Path) -> None:
+    store = RaftLogStore(tmp_path / "raft.sqlite3", "fsync")
+    g1, g2 = store.group("a"), store.group("b")
+    conn = store._conn
+    with pytest.raises(RaftStorageFailed, match="rolled back"), store.batch():
+        g1.append(ents(1, 1))
+        with pytest.raises(AssertionError):
+            g2.append(ents(2, 1))  # refused before it reaches SQLite: the batch goes on
+        g2.append(ents(1, 1))
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(sqlite3.OperationalError, match="full"):
+            g2.append([Entry(1, 2, bytes(64 * 1024))])
+        conn.execute("PRAGMA max_page_count = 1073741823")
+        assert g2.last_index() == 0  # rolled back at once
+        with pytest.raises(RaftStorageFailed):
+            g2.append(ents(1, 1))
+    assert contents(g1) == contents(g2) == (HardState(), [])
+    g1.append(ents(1, 7))
+    store.close()
+    again = RaftLogStore(tmp_path / "raft.sqlite3", "fsync")
+    assert again.group_ids() == ["a"] and contents(again.group("a"))[1] == ents(1, 7)
+
+
 def test_a_full_disk_fails_the_write_and_leaves_the_group_as_it_was(tmp_path: Path) -> None:
     store = RaftLogStore(tmp_path / "raft.sqlite3", "fsync", tail_entries=2)
     g = store.group("a")

@@ -112,6 +112,7 @@ class RaftLogStore:
         self.commits = 0
         self._groups: dict[str, GroupLog] = {}
         self._depth = 0  # nested batch() levels open
+        self._doomed = False  # a write of the open transaction failed: it is rolled back
         self._touched: set[str] = set()  # groups written in the open transaction
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,8 +172,11 @@ class RaftLogStore:
         """One transaction (one commit, one fsync) for every write made inside it.
 
         Returns once the commit is durable (under `fsync`). An exception inside rolls
-        back every write of the batch, in every group. Batches nest: the outermost one
-        commits.
+        back every write of the batch, in every group, at once; so does a write that fails
+        in SQLite, and a batch that goes on after it raises `RaftStorageFailed` at its next
+        write and at its end. (A write refused before it reaches SQLite, with an
+        AssertionError, changes nothing and leaves the batch open.)
+        Batches nest: the outermost one commits.
         """
         with self._transaction():
             yield
@@ -182,18 +186,26 @@ class RaftLogStore:
         self._check()
         conn = self._conn
         if self._depth == 0:
+            self._doomed = False
             conn.execute("BEGIN")
+        elif self._doomed:
+            raise RaftStorageFailed("a write of this batch failed: the batch is rolled back")
         self._depth += 1
         try:
             yield
         except BaseException:
+            # Rolled back at once, whatever the level: a caller inside the batch that
+            # swallows the error must not commit the rest (nor write outside a transaction).
             self._depth -= 1
-            if self._depth == 0:
+            if not self._doomed:
+                self._doomed = True
                 self._rollback()
             raise
         self._depth -= 1
         if self._depth:
             return
+        if self._doomed:
+            raise RaftStorageFailed("a write of this batch failed: the batch was rolled back")
         try:
             conn.execute("COMMIT")
         except BaseException as e:
