@@ -6,6 +6,9 @@ For each row of peer_specs(peers.json):
 1. reset; push 1,000 unique bodies (200 with push, 800 with push_batch of 100);
 2. receive + ack them from 2 concurrent drivers; every body must come back exactly once,
    and afterwards the queue must be empty (the system's own count, not just a dry receive);
+   on a replicated row (nats r3, rabbitmq quorum r3) the queue must, while it holds the
+   messages, have all its replicas on distinct servers, each in sync (the system's own
+   view: JetStream's stream and consumer info; `rabbitmqctl list_queues` through peers.sh);
 3. redelivery: a message received and never acked, by a consumer whose connection then
    closes, must come back to another consumer (Redis lists: it stays in the dead consumer's
    processing list; that is reported, not faked);
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import sys
 import time
@@ -41,6 +45,8 @@ RECEIVE_MAX = 50
 DRAIN_LIMIT_S = 60.0
 REDELIVERY_LIMIT_S = 15.0
 RATE_S = 2.0
+REPLICA_SYNC_LIMIT_S = 10.0
+DEPTH_SETTLE_LIMIT_S = 5.0
 # short redelivery timers for the redelivery check only
 FAST_REDELIVERY = {"ack_wait_s": 1.0, "claim_idle_s": 0.5}
 
@@ -68,6 +74,85 @@ async def depth(d: Driver) -> dict[str, int]:
     raise TypeError(type(d))
 
 
+def wanted_replicas(spec: SystemSpec) -> int:
+    return int(spec.options.get("replicas") or spec.options.get("quorum_size") or 1)
+
+
+async def replica_sets(d: Driver, peers_dir: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """What holds the queue, as the system reports it: per replica set, its servers and
+    those of them in sync (NATS: the stream's and its consumer's; RabbitMQ: the queue's)."""
+    if isinstance(d, NatsDriver):
+        sets = {}
+        for what, info in (
+            ("stream", await d._js.stream_info(d.stream)),
+            ("consumer", await d._js.consumer_info(d.stream, d.DURABLE)),
+        ):
+            cluster = info.cluster
+            if cluster is None or cluster.leader is None:
+                sets[what] = ([], [])
+                continue
+            others = cluster.replicas or []
+            sets[what] = (
+                [cluster.leader, *(r.name for r in others)],
+                [cluster.leader, *(r.name for r in others if r.current)],
+            )
+        return sets
+    if isinstance(d, RabbitMQDriver):
+        proc = await asyncio.create_subprocess_exec(
+            str(HERE / "peers.sh"),
+            *("rabbitmqctl", "list_queues", "name", "members", "online"),
+            *("--formatter", "json"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "PEERS_DIR": str(peers_dir)},
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 90)
+        if proc.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl list_queues: {err.decode().strip()[-300:]}")
+        rows = [r for r in json.loads(out) if r.get("name") == d.queue]
+        return {"queue": (list(rows[0]["members"]), list(rows[0]["online"])) if rows else ([], [])}
+    raise TypeError(type(d))
+
+
+async def check_replicas(
+    d: Driver, spec: SystemSpec, peers_dir: Path, limit_s: float = REPLICA_SYNC_LIMIT_S
+) -> list[str]:
+    """Problems unless every replica set of d's queue is `spec`'s replica count of distinct
+    servers, all in sync (NATS: current; RabbitMQ: online), within limit_s."""
+    want = wanted_replicas(spec)
+    deadline = time.monotonic() + limit_s
+    while True:  # a follower may still be catching up right after the pushes
+        sets = await replica_sets(d, peers_dir)
+        bad = {
+            what: (held, current)
+            for what, (held, current) in sets.items()
+            if not len(set(held)) == len(held) == len(set(current)) == want
+        }
+        if not bad:
+            for what, (held, _) in sets.items():
+                print(f"  replicas: the {what} is on {want} servers, all in sync: {sorted(held)}")
+            return []
+        if time.monotonic() > deadline:
+            return [
+                f"replicas: the {what} should be on {want} servers, all in sync; it is on "
+                f"{held}, in sync {current}"
+                for what, (held, current) in bad.items()
+            ]
+        await asyncio.sleep(0.5)
+
+
+async def settled_depth(d: Driver, limit_s: float = DEPTH_SETTLE_LIMIT_S) -> dict[str, int]:
+    """depth() once it reads empty, or after limit_s. On a replicated NATS stream an ack is
+    applied by the consumer's replicas before ack_sync returns, but the stream's replicas
+    drop the message a moment later, so its count lags the acks."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        left = await depth(d)
+        if not any(left.values()) or time.monotonic() > deadline:
+            return left
+        await asyncio.sleep(0.1)
+
+
 async def drop(d: Driver) -> None:
     """Removes the check's queue from the server."""
     if isinstance(d, RabbitMQDriver):
@@ -88,7 +173,7 @@ async def opened(spec: SystemSpec, queue: str) -> Driver:
     return d
 
 
-async def check_once_each(spec: SystemSpec, queue: str) -> list[str]:
+async def check_once_each(spec: SystemSpec, queue: str, peers_dir: Path) -> list[str]:
     problems = []
     admin = await opened(spec, queue)
     await admin.reset()
@@ -98,6 +183,8 @@ async def check_once_each(spec: SystemSpec, queue: str) -> list[str]:
         await admin.push(b)
     for i in range(N_SINGLE, N_MESSAGES, BATCH):
         await admin.push_batch(bodies[i : i + BATCH])
+    if wanted_replicas(spec) > 1:
+        problems += await check_replicas(admin, spec, peers_dir)
 
     seen: collections.Counter[bytes] = collections.Counter()
     deadline = time.monotonic() + DRAIN_LIMIT_S
@@ -127,7 +214,7 @@ async def check_once_each(spec: SystemSpec, queue: str) -> list[str]:
         problems.append(f"{len(dups)} came back more than once, e.g. {list(dups.items())[:2]}")
     if strays:
         problems.append(f"{len(strays)} bodies that were never pushed")
-    left = await depth(admin)
+    left = await settled_depth(admin)
     if any(left.values()):
         problems.append(f"queue not empty at the end: {left}")
     print(f"  once each: {len(seen)} distinct of {N_MESSAGES}, depth after {left}")
@@ -174,7 +261,7 @@ async def check_redelivery(spec: SystemSpec, queue: str) -> list[str]:
     else:
         await b.ack([t for _, t in again])
         print(f"  redelivery: back after {dt:.2f} s to a second consumer, acked")
-        left = await depth(admin)
+        left = await settled_depth(admin)
         if any(left.values()):
             problems.append(f"redelivery: queue not empty after ack: {left}")
     await b.close()
@@ -196,17 +283,32 @@ async def push_rate(spec: SystemSpec, queue: str) -> float:
     return n / dt
 
 
-async def check_spec(spec: SystemSpec) -> list[str]:
+async def check_spec(spec: SystemSpec, peers_dir: Path) -> list[str]:
     print(f"{spec.name}  [{spec.durability}]  {spec.options}")
     queue = f"check-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    problems = await check_once_each(spec, queue)
+    problems = await check_once_each(spec, queue, peers_dir)
     problems += await check_redelivery(spec, queue + "-r")
     rate = await push_rate(spec, queue + "-rate")
     print(f"  push one at a time: {rate:,.0f} msgs/s (rough, shared 2-core machine)")
     return problems
 
 
-async def main() -> int:
+async def check_all(specs: list[SystemSpec], peers_dir: Path) -> int:
+    failed = {}
+    for spec in specs:
+        try:
+            problems = await asyncio.wait_for(check_spec(spec, peers_dir), 180)
+        except Exception as e:  # report and go on with the next system
+            problems = [f"{type(e).__name__}: {e}"]
+        for p in problems:
+            print(f"  FAIL {p}")
+        if problems:
+            failed[spec.name] = problems
+    print(f"{len(specs) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def main() -> int:
     default_json = Path(os.environ.get("PEERS_DIR", "/tmp/zdmq-peers")) / "peers.json"
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--peers-json", default=str(default_json))
@@ -218,19 +320,8 @@ async def main() -> int:
     if not specs:
         print(f"no running peers in {args.peers_json}: run loadtest/peers/peers.sh start")
         return 1
-    failed = {}
-    for spec in specs:
-        try:
-            problems = await asyncio.wait_for(check_spec(spec), 180)
-        except Exception as e:  # report and go on with the next system
-            problems = [f"{type(e).__name__}: {e}"]
-        for p in problems:
-            print(f"  FAIL {p}")
-        if problems:
-            failed[spec.name] = problems
-    print(f"{len(specs) - len(failed)} passed, {len(failed)} failed")
-    return 1 if failed else 0
+    return asyncio.run(check_all(specs, Path(args.peers_json).resolve().parent))
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(main())

@@ -1,5 +1,8 @@
 """Drivers for the benchmark's peers (RabbitMQ, Redis, NATS JetStream) and their table rows.
 
+A peer that is a cluster (nats-r3, rabbitmq-quorum3) lists every server's port in peers.json
+(`ports`) and every server's pid (`pids`), so its rows' server CPU is the sum over all of them.
+
 Each class implements `zdmq.bench.driver.Driver` the way a careful user of that system would
 build an at-least-once work queue with it; each docstring says where the system cannot keep
 the Driver contract to the letter. `peer_specs(peers.json)` turns what `peers.sh start` left
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import socket
 import time
@@ -41,7 +45,13 @@ class RabbitMQDriver(Driver):
     """RabbitMQ through aio-pika: a durable queue, persistent messages, publisher confirms.
 
     Options: `host`, `port`, `user`/`password` (guest), `queue_type` ("classic" or "quorum"),
-    `prefetch` (basic.qos per consumer, default 256).
+    `prefetch` (basic.qos per consumer, default 256); for a cluster, `ports` (every node's
+    AMQP port on `host`) and `quorum_size` (x-quorum-initial-group-size: how many nodes
+    hold each quorum queue).
+
+    - On a cluster each driver connects to one node picked at random (the next on refusal),
+      as clients behind a load balancer would: clients spread over the nodes, and a node
+      that does not lead the queue forwards to the one that does.
 
     - push publishes one persistent message (delivery_mode 2, mandatory, so an unroutable
       message raises instead of being confirmed) and awaits its publisher confirm. The broker
@@ -69,6 +79,10 @@ class RabbitMQDriver(Driver):
         if self.queue_type not in ("classic", "quorum"):
             raise ValueError(f"queue_type must be classic or quorum, not {self.queue_type!r}")
         self.prefetch = int(opts.get("prefetch", 256))
+        self.quorum_size = opts.get("quorum_size")
+        if self.quorum_size is not None and self.queue_type != "quorum":
+            raise ValueError("quorum_size is for quorum queues")
+        self.node_port: int | None = None  # the node this driver is connected to
         self._make_message: Any = None  # aio_pika.Message, bound in open()
         self._persistent: Any = None
         self._conn: Any = None
@@ -85,12 +99,22 @@ class RabbitMQDriver(Driver):
         opts = self.spec.options
         self._make_message = aio_pika.Message
         self._persistent = aio_pika.DeliveryMode.PERSISTENT
-        self._conn = await aio_pika.connect(
-            host=opts.get("host", "127.0.0.1"),
-            port=int(opts.get("port", 5672)),
-            login=opts.get("user", "guest"),
-            password=opts.get("password", "guest"),
-        )
+        ports = [int(p) for p in opts.get("ports") or [opts.get("port", 5672)]]
+        first = random.randrange(len(ports))
+        for i, port in enumerate(ports[first:] + ports[:first]):
+            try:
+                self._conn = await aio_pika.connect(
+                    host=opts.get("host", "127.0.0.1"),
+                    port=port,
+                    login=opts.get("user", "guest"),
+                    password=opts.get("password", "guest"),
+                )
+            except OSError:  # refused, or no AMQP there
+                if i == len(ports) - 1:
+                    raise
+                continue
+            self.node_port = port
+            break
         self._channel = await self._conn.channel(publisher_confirms=True, on_return_raises=True)
 
     async def close(self) -> None:
@@ -99,7 +123,11 @@ class RabbitMQDriver(Driver):
             self._conn = None
 
     def _arguments(self) -> dict[str, Any]:
-        return {"x-queue-type": "quorum"} if self.queue_type == "quorum" else {}
+        if self.queue_type != "quorum":
+            return {}
+        if self.quorum_size is None:
+            return {"x-queue-type": "quorum"}
+        return {"x-queue-type": "quorum", "x-quorum-initial-group-size": int(self.quorum_size)}
 
     async def reset(self) -> None:
         await self._channel.queue_delete(self.queue)
@@ -331,7 +359,13 @@ class NatsDriver(Driver):
     consumer with explicit acks shared by every driver of the queue.
 
     Options: `host`, `port`, `ack_wait_s` (redelivery delay of an unacked message, default
-    30), `max_ack_pending` (default 65536).
+    30), `max_ack_pending` (default 65536); for a cluster, `ports` (every server's client
+    port on `host`) and `replicas` (the stream's num_replicas, default 1; its consumer has as
+    many).
+    - On a cluster nats-py connects to one of the servers at random, so clients spread over
+      them; a server that leads neither the stream nor the consumer forwards to the one that
+      does. With replicas > 1 the PubAck comes once a majority of the stream's replicas have
+      stored the message, and an ack is applied once a majority of the consumer's have.
     - push = js.publish, which waits for the PubAck. The PubAck comes once the stream has
       stored the message in its file store; the fsync is another matter (see the row's
       durability): nats-server 2.9 fsyncs on a timer, 2.10+ with `sync_interval: always`
@@ -358,6 +392,7 @@ class NatsDriver(Driver):
         self.subject = f"zdmq.{safe}"
         self.ack_wait_s = float(opts.get("ack_wait_s", 30.0))
         self.max_ack_pending = int(opts.get("max_ack_pending", 65536))
+        self.replicas = int(opts.get("replicas", 1))
         self._nc: Any = None
         self._js: Any = None
         self._psub: Any = None
@@ -366,8 +401,10 @@ class NatsDriver(Driver):
         import nats
 
         opts = self.spec.options
-        url = f"nats://{opts.get('host', '127.0.0.1')}:{int(opts.get('port', 4222))}"
-        self._nc = await nats.connect(url, allow_reconnect=False, connect_timeout=5)
+        host = opts.get("host", "127.0.0.1")
+        ports = opts.get("ports") or [opts.get("port", 4222)]
+        urls = [f"nats://{host}:{int(p)}" for p in ports]
+        self._nc = await nats.connect(urls, allow_reconnect=False, connect_timeout=5)
         self._js = self._nc.jetstream(timeout=CONFIRM_TIMEOUT_S)
 
     async def close(self) -> None:
@@ -387,6 +424,7 @@ class NatsDriver(Driver):
                 subjects=[self.subject],
                 storage=api.StorageType.FILE,
                 retention=api.RetentionPolicy.WORK_QUEUE,
+                num_replicas=self.replicas,
             )
         )
         await self._js.add_consumer(
@@ -396,6 +434,7 @@ class NatsDriver(Driver):
                 ack_policy=api.AckPolicy.EXPLICIT,
                 ack_wait=self.ack_wait_s,
                 max_ack_pending=self.max_ack_pending,
+                num_replicas=self.replicas,
             ),
         )
 
@@ -479,6 +518,24 @@ _ROWS: dict[str, list[tuple[str, str, dict[str, Any], str]]] = {
             "JetStream file store, default sync (fsync on a timer, not per message)",
         ),
     ],
+    "rabbitmq-quorum3": [
+        (
+            "rabbitmq quorum r3",
+            "RabbitMQDriver",
+            {"queue_type": "quorum", "quorum_size": 3},
+            "quorum queue on 3 nodes (Raft, WAL fsync on each), publisher confirms once a "
+            "majority has it; clients spread over the nodes; acks unconfirmed",
+        ),
+    ],
+    "nats-r3": [
+        (
+            "nats r3 sync always",
+            "NatsDriver",
+            {"replicas": 3},
+            "JetStream R3 stream and consumer on 3 servers, sync_interval always; PubAck once "
+            "a majority stored it; clients spread over the servers",
+        ),
+    ],
     "nats-sync": [
         (
             "nats sync always",
@@ -501,7 +558,12 @@ def peer_specs(peers_json_path: str | os.PathLike[str]) -> list[SystemSpec]:
                     name=row,
                     driver=f"peer_drivers:{cls}",
                     durability=peer["durability"],
-                    options={"host": peer["host"], "port": peer["port"], **extra},
+                    options={
+                        "host": peer["host"],
+                        "port": peer["port"],
+                        **({"ports": peer["ports"]} if "ports" in peer else {}),
+                        **extra,
+                    },
                     server_pids=tuple(peer["pids"]),
                     sys_path=(HERE,),
                     note=f"{note}; {peer['version']}",

