@@ -178,25 +178,24 @@ def test_405_names_the_allowed_methods(node: Addr, method: str, path: str, allow
 
 
 # ---- numbers in the query ---------------------------------------------------------------
-NOT_ASCII_DIGITS = ["1_0", "+5", " 5", "-1", "0x10", "\u0665", "\uff15", "5\u0660", "1e3"]
+NOT_ASCII_DIGITS = ["1_0", "+5", " 5", "-1", "0x10", "\u0665", "\uff15", "5\u0660"]
+# An exponent is how a float is written (the client sends repr(float)): only counts refuse it.
+NUMBER_PARAMS = [
+    ("pop", "max"),
+    ("receive", "max"),
+    ("pop", "wait_s"),
+    ("receive", "wait_s"),
+    ("receive", "visibility_s"),
+]
+CASES = [(p, k, v) for p, k in NUMBER_PARAMS for v in NOT_ASCII_DIGITS] + [
+    (p, k, "1e3") for p, k in NUMBER_PARAMS if k == "max"
+]
 
 
-@pytest.mark.parametrize("value", NOT_ASCII_DIGITS)
-@pytest.mark.parametrize(
-    ("path", "param"),
-    [
-        ("pop", "max"),
-        ("receive", "max"),
-        ("pop", "wait_s"),
-        ("receive", "wait_s"),
-        ("receive", "visibility_s"),
-    ],
-)
+@pytest.mark.parametrize(("path", "param", "value"), CASES)
 def test_numeric_query_values_take_ascii_digits_only(
     node: Addr, path: str, param: str, value: str
 ) -> None:
-    if value == "1e3" and param != "max":
-        pytest.skip("an exponent is how a float is written; only counts refuse it")
     q = new_queue(node, f"digits-{path}-{param}-{abs(hash(value))}")
     assert call(node, "POST", f"/v1/queues/{q}/messages", b"kept").status == 201
     reply = call(node, "POST", f"/v1/queues/{q}/{path}?{param}={quote(value)}", b"")
