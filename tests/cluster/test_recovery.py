@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import Callable
 
 import aiohttp
 import pytest
 
-from tests.cluster.support import error_code, id_owned_by, placement_of, queue_owned_by
+from tests.cluster.support import (
+    error_code,
+    id_owned_by,
+    ids_owned_by,
+    placement_of,
+    queue_owned_by,
+)
 from tests.helpers import json_bytes, node_signed, unique, wait_until
-from zdmq import Client, Message, NodeUnavailable
+from zdmq import Client, Message, NodeUnavailable, QueueNotFound, ReceivedMessage
 from zdmq.local import LocalCluster
 
 
@@ -189,3 +196,108 @@ async def test_pops_never_call_a_queue_empty_while_a_node_holding_it_is_down(
             cluster.resume(holder)
         # Not asserted: where the message went next. The pops abandoned above sat in the
         # paused node's socket and run when it resumes; pop is at-most-once by design.
+
+
+async def _depth_on(http: aiohttp.ClientSession, cluster: LocalCluster, node: str, q: str) -> int:
+    """How many messages of `q` `node` stores (ready, leased or delayed), asked as a node."""
+    target = f"/v1/internal/queues/{q}/depth"
+    headers = node_signed(cluster.config, node, "GET", target)
+    async with http.get(cluster.config.node(node).url + target, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        return int((await r.json())["depth"])
+
+
+async def _counter(http: aiohttp.ClientSession, cluster: LocalCluster, node: str, key: str) -> int:
+    async with http.get(f"{cluster.config.node(node).url}/v1/health") as r:
+        return int((await r.json())["counters"].get(key, 0))
+
+
+async def _push_to(http: aiohttp.ClientSession, cluster: LocalCluster, q: str, mid: str) -> int:
+    url = cluster.config.node(placement_of(cluster).owner(mid)).url
+    async with http.post(
+        f"{url}/v1/queues/{q}/messages", data=mid.encode(), headers={"zdmq-id": mid}
+    ) as r:
+        return r.status
+
+
+async def test_a_metadata_owner_that_lost_its_disk_makes_no_node_purge_and_a_create_adopts(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    cluster = make_cluster(nodes=4, repair_interval_s=0.2)
+    placement = placement_of(cluster)
+    q = unique("ownerdisk")
+    owner = placement.owner(q)
+    healthy = [n for n in cluster.config.node_ids if n != owner]
+    async with Client.from_config(cluster.config_path) as c:
+        await c.create_queue(q)
+    kept = ids_owned_by(placement, healthy, 30)
+    for mid in [*kept, *ids_owned_by(placement, [owner], 5)]:
+        assert await _push_to(http, cluster, q, mid) == 201
+    # One leased message on a healthy node: it is kept as well, lease and all.
+    async with Client.from_config(cluster.config_path) as c:
+        leased = await c.receive(q, 1, visibility_s=1.0)
+    assert len(leased) == 1
+
+    await asyncio.to_thread(cluster.kill, owner)
+    shutil.rmtree(cluster.config.node_data_dir(owner))
+    await asyncio.to_thread(cluster.start_node, owner)
+
+    async def all_orphaned() -> bool:
+        counts = [await _counter(http, cluster, n, "orphaned_queues") for n in healthy]
+        return counts == [1, 1, 1]
+
+    await wait_until(all_orphaned, what="every healthy node's sweep to find the queue unknown")
+    await asyncio.sleep(1.0)  # several more sweeps: still nothing purged
+    depths = {n: await _depth_on(http, cluster, n, q) for n in healthy}
+    assert depths == {n: 10 for n in healthy}
+    # The queue does not exist now: a push to a node that holds some of it is refused.
+    assert await _push_to(http, cluster, q, id_owned_by(placement, healthy[0])) == 404
+    async with Client.from_config(cluster.config_path) as c:
+        with pytest.raises(QueueNotFound):
+            await c.receive(q, 10)
+
+        # Created again, the queue adopts every message the healthy nodes kept.
+        await c.create_queue(q)
+
+        async def adopted() -> bool:
+            counts = [await _counter(http, cluster, n, "orphaned_queues") for n in healthy]
+            return counts == [0, 0, 0] and len(await c.metadata(q)) == 3
+
+        await wait_until(adopted, what="the healthy nodes to register for the new queue")
+        got: list[ReceivedMessage] = []
+        for _ in range(50):
+            batch = await c.receive(q, 10, wait_s=0.5)
+            got.extend(batch)
+            if batch:
+                await c.ack(q, [m.receipt for m in batch])
+            if len({m.id for m in got}) >= len(kept):
+                break
+    assert {m.id for m in got} == set(kept)
+
+
+async def test_a_queue_deleted_while_a_node_was_down_is_purged_when_it_returns(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    # A node that is down keeps its listening socket (LocalCluster holds it), so calls to
+    # it wait out request_timeout_s: short, so that the delete's broadcast gives up soon.
+    cluster = make_cluster(nodes=4, repair_interval_s=0.2, request_timeout_s=1.0)
+    placement = placement_of(cluster)
+    q = unique("deleted")
+    owner = placement.owner(q)
+    away = next(n for n in cluster.config.node_ids if n != owner)
+    async with Client.from_config(cluster.config_path) as c:
+        await c.create_queue(q)
+        for mid in ids_owned_by(placement, [away], 10):
+            assert await _push_to(http, cluster, q, mid) == 201
+        await asyncio.to_thread(cluster.kill, away)
+        await c.delete_queue(q)  # the purge broadcast misses `away`
+    # The delete is on the owner's disk: it outlives a restart of the owner too.
+    await asyncio.to_thread(cluster.kill, owner)
+    await asyncio.to_thread(cluster.start_node, owner)
+    await asyncio.to_thread(cluster.start_node, away)
+
+    async def purged() -> bool:
+        return await _depth_on(http, cluster, away, q) == 0
+
+    await wait_until(purged, what=f"{away}'s sweep to purge the deleted queue")
+    assert await _counter(http, cluster, away, "orphaned_queues") == 0

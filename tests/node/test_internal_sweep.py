@@ -35,7 +35,9 @@ async def test_the_sweep_leaves_out_the_settings_of_an_incarnation_the_caller_kn
     first = await _sweep(
         http, node_config, {"node": "n1", "queues": {"jobs": FIRST, "gone": FIRST}}
     )
+    # Never created, so no delete is recorded: unknown, not deleted.
     assert first["missing"] == ["gone"]
+    assert first["deleted"] == []
     assert first["settings"]["jobs"]["visibility_timeout_s"] == 7
     incarnation = first["incarnations"]["jobs"]
     assert isinstance(incarnation, str) and incarnation
@@ -48,7 +50,7 @@ async def test_the_sweep_leaves_out_the_settings_of_an_incarnation_the_caller_kn
         node_config,
         {"node": "n1", "queues": {"jobs": FIRST}, "incarnations": {"jobs": incarnation}},
     )
-    assert again == {"missing": [], "settings": {}, "incarnations": {}}
+    assert again == {"missing": [], "deleted": [], "settings": {}, "incarnations": {}}
 
     # A queue deleted and created again is a new incarnation: its settings come back.
     assert (await http.delete("/v1/queues/jobs")).status == 204
@@ -60,6 +62,24 @@ async def test_the_sweep_leaves_out_the_settings_of_an_incarnation_the_caller_kn
     )
     assert renewed["settings"]["jobs"]["visibility_timeout_s"] == 9
     assert renewed["incarnations"]["jobs"] != incarnation
+
+
+async def test_the_sweep_names_a_deleted_queue_deleted_and_a_never_created_one_only_missing(
+    http: NodeHttp, node_config: ClusterConfig
+) -> None:
+    assert (await http.put("/v1/queues/jobs")).status == 201
+    assert (await http.delete("/v1/queues/jobs")).status == 204
+    reply = await _sweep(
+        http, node_config, {"node": "n1", "queues": {"jobs": FIRST, "never": FIRST}}
+    )
+    assert sorted(reply["missing"]) == ["jobs", "never"]
+    assert reply["deleted"] == ["jobs"]
+    # Created again, the name is no longer deleted: the sweep registers the caller.
+    assert (await http.put("/v1/queues/jobs")).status == 201
+    reply = await _sweep(http, node_config, {"node": "n1", "queues": {"jobs": FIRST}})
+    assert reply["missing"] == [] and reply["deleted"] == []
+    listed = (await (await http.get("/v1/queues/jobs/metadata")).json())["nodes"]
+    assert [entry["node"] for entry in listed] == ["n1"]
 
 
 @pytest.mark.parametrize(

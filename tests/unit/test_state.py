@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+import zdmq.server.state as state_module
 from zdmq.server.state import (
     CreateQueue,
     DropQueue,
@@ -185,3 +188,25 @@ def test_metadata_and_uuid_queues_are_independent() -> None:
     state.apply(DropQueue("jobs"))
     # Dropping the metadata list leaves this node's messages to the purge that follows.
     assert state.depth("jobs") == 1
+
+
+def test_a_drop_leaves_a_tombstone_that_a_create_of_the_name_removes() -> None:
+    state = NodeState()
+    state.apply(CreateQueue("jobs", "inc-1", 1.0))
+    state.apply(DropQueue("jobs", "inc-1", 5.0))
+    assert state.tombstones == {"jobs": ("inc-1", 5.0)}
+    state.apply(CreateQueue("jobs", "inc-2", 6.0))
+    assert state.tombstones == {}
+
+
+def test_the_oldest_tombstones_go_past_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_module, "TOMBSTONES_KEPT", 3)
+    state = NodeState()
+    for i in range(5):
+        state.apply(CreateQueue(f"q{i}", f"inc-{i}", float(i)))
+        state.apply(DropQueue(f"q{i}", f"inc-{i}", 10.0 + i))
+    assert list(state.tombstones) == ["q2", "q3", "q4"]
+    # Deleted again, a name becomes the newest tombstone.
+    state.apply(CreateQueue("q2", "inc-2b", 20.0))
+    state.apply(DropQueue("q2", "inc-2b", 21.0))
+    assert list(state.tombstones) == ["q3", "q4", "q2"]

@@ -48,6 +48,7 @@ def _snapshot(state: NodeState) -> dict[str, object]:
         "meta": {
             q: (m.incarnation, m.created_at, list(m.nodes.items())) for q, m in state.meta.items()
         },
+        "tombstones": list(state.tombstones.items()),
     }
 
 
@@ -123,7 +124,7 @@ async def test_a_reopened_store_holds_exactly_the_committed_state(
     first = storage.submit(rec.take())
 
     rec(Unregister("idle", "n2"))
-    rec(DropQueue("gone"))
+    rec(DropQueue("gone", "inc-gone", 1700000003.0))
     rec(Register("jobs", "n2", "u2"))
     for i in range(10):
         rec.push("jobs", f"j{i}", f"body {i}".encode(), "text/plain" if i % 2 else None)
@@ -146,6 +147,7 @@ async def test_a_reopened_store_holds_exactly_the_committed_state(
     # Spelled out: FIFO order kept, popped and purged messages gone, metadata lists kept.
     assert again.ready_list("jobs") == [f"j{i}" for i in range(4, 10)]
     assert again.ready_list("bin") == ["b0", "b1"]
+    assert again.tombstones == {"gone": ("inc-gone", 1700000003.0)}
     assert _find(again, "b0").body == bytes(range(256))
     assert _find(again, "j5").content_type == "text/plain"
     assert "purged" not in again.queues
@@ -559,3 +561,28 @@ async def test_an_os_store_leaves_its_wal_to_sqlite(tmp_path: Path) -> None:
     # Only what loading wrote (the schema): no laid-out checkpoint's worth of frames.
     assert path.with_name(path.name + "-wal").stat().st_size < 1000 * 4096
     await storage.close()
+
+
+async def test_tombstones_are_kept_to_the_bound_and_a_create_removes_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zdmq.server.state as state_module
+    import zdmq.server.storage as storage_module
+
+    monkeypatch.setattr(state_module, "TOMBSTONES_KEPT", 3)
+    monkeypatch.setattr(storage_module, "TOMBSTONES_KEPT", 3)
+    path = tmp_path / "n1" / "zdmq.sqlite3"
+    storage = SqliteStorage(path, fsync=True)
+    state = storage.load()
+    rec = _Recorder(state)
+    for i in range(5):
+        rec(CreateQueue(f"q{i}", f"inc-{i}", float(i)))
+        rec(DropQueue(f"q{i}", f"inc-{i}", 10.0 + i))
+    rec(CreateQueue("q3", "inc-3b", 20.0))
+    await storage.submit(rec.take())
+    kept = dict(state.tombstones)
+    await storage.close()
+
+    again = await _reopen(path)
+    assert kept == {"q2": ("inc-2", 12.0), "q4": ("inc-4", 14.0)}
+    assert again.tombstones == kept

@@ -232,6 +232,9 @@ class Node:
         # The incarnation of each queue whose settings the last repair sweep brought (the
         # owner leaves those out of the next sweep's reply while the incarnation holds).
         self._swept: dict[str, str] = {}
+        # Queues this node holds messages of whose metadata owner does not know them and
+        # recorded no delete (see _orphan): kept, not purged; counted as orphaned_queues.
+        self._orphaned: set[str] = set()
         # Calls to other metadata owners, batched per owner (values: firstUUIDs, -, -).
         self._registrations = OwnerBatches(self._spawn, self._send_registrations)
         self._unregistrations = OwnerBatches(self._spawn, self._send_unregistrations)
@@ -346,7 +349,7 @@ class Node:
     async def drop_queue(self, queue: str) -> None:
         if queue not in self.state.meta:
             raise QueueNotFound(f"queue {queue!r} does not exist")
-        op = DropQueue(queue)
+        op = DropQueue(queue, self.state.meta[queue].incarnation, time.time())
         self.state.apply(op)
         await self.commit([op])
         self._signal_ready(queue)  # waiters wake and find the queue gone
@@ -417,11 +420,14 @@ class Node:
         """Registers `node_id` for each queue it holds messages of (`repair`: the repair
         sweep's call, counted and logged as repairs; else a batch of registrations).
 
-        Returns the queues that no longer exist (`missing`) and the settings of the rest,
-        except those whose incarnation the caller already knows (`known`: queue ->
-        incarnation): a queue's settings never change within an incarnation.
+        Returns the queues that do not exist (`missing`), those of them this owner
+        recorded a delete of (`deleted`: a tombstone; the others it does not know, for
+        instance after it lost its disk), and the settings of the rest, except those whose
+        incarnation the caller already knows (`known`: queue -> incarnation): a queue's
+        settings never change within an incarnation.
         """
         missing: list[str] = []
+        deleted: list[str] = []
         settings: dict[str, Any] = {}
         incarnations: dict[str, str] = {}
         ops: list[Op] = []
@@ -430,6 +436,8 @@ class Node:
             meta = self.state.meta.get(queue)
             if meta is None:
                 missing.append(queue)
+                if queue in self.state.tombstones:
+                    deleted.append(queue)
                 continue
             if known.get(queue) != meta.incarnation:
                 settings[queue] = meta.settings.to_wire()
@@ -442,7 +450,12 @@ class Node:
             log.info("repair sweep re-registered %s for %d queue(s)", node_id, len(ops))
             self.counters["repair_registrations"] += len(ops)
         await self.commit(ops)
-        return {"missing": missing, "settings": settings, "incarnations": incarnations}
+        return {
+            "missing": missing,
+            "deleted": deleted,
+            "settings": settings,
+            "incarnations": incarnations,
+        }
 
     # ---- long polling (metadata owner side) ------------------------------------------
     def node_ready(self, queue: str, node_id: str) -> None:
@@ -642,6 +655,8 @@ class Node:
         crash between registering and storing, or a lost unregister, leaves such entries).
         """
         self._check_storage()
+        if queue in self._orphaned:  # kept for when it is created again, not served
+            raise QueueNotFound(f"queue {queue!r} does not exist")
         state = self.state
         lq = state.queues.get(queue)
         state.wake(time.time())
@@ -1081,12 +1096,50 @@ class Node:
                 self.settings[queue] = QueueSettings(**settings)
                 if queue in incarnations:
                     self._swept[queue] = str(incarnations[queue])
-            for queue in result["missing"]:
-                # Deleted while this node was away: its messages go with it.
-                n = await self.purge_local(queue)
-                if n:
-                    log.info("repair sweep purged %d message(s) of deleted queue %s", n, queue)
+            deleted = set(result.get("deleted", ()))
+            missing = set(result["missing"])
+            for queue in queues:
+                if queue in deleted:
+                    # Deleted while this node was away: its messages go with it.
+                    self._orphaned.discard(queue)
+                    n = await self.purge_local(queue)
+                    if n:
+                        log.info("repair sweep purged %d message(s) of deleted queue %s", n, queue)
+                elif queue in missing:
+                    self._orphan(queue, owner)
+                elif queue in self._orphaned:
+                    self._orphaned.discard(queue)
+                    log.info(
+                        "queue %s exists again on %s: this node's %d message(s) of it rejoin it",
+                        queue,
+                        owner,
+                        self.state.depth(queue),
+                    )
+        # A queue this node no longer holds messages of is no longer its orphan.
+        held = self.state.queues
+        self._orphaned = {q for q in self._orphaned if q in held and held[q].holds()}
+        self.counters["orphaned_queues"] = len(self._orphaned)
         return failures
+
+    def _orphan(self, queue: str, owner: str) -> None:
+        """The metadata owner does not know `queue`, which this node holds messages of, and
+        recorded no delete of it (it lost its disk, or the delete is older than its
+        tombstones). The messages stay stored, never purged on a guess: they rejoin the
+        queue when it is created again, and a delete of it then purges them. Meanwhile
+        the UUID queue counts as unregistered, so pushes here register first and are
+        refused with 404 while the queue does not exist."""
+        lq = self.state.queues.get(queue)
+        if lq is not None:
+            lq.registered = False
+        if queue not in self._orphaned:
+            self._orphaned.add(queue)
+            log.warning(
+                "metadata owner %s does not know queue %s and recorded no delete of it: "
+                "keeping this node's %d message(s) of it until it is created again",
+                owner,
+                queue,
+                self.state.depth(queue),
+            )
 
     async def repair_loop(self) -> None:
         while True:

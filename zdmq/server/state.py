@@ -49,6 +49,7 @@ from typing import Any, NamedTuple, Protocol
 from zdmq.models import QueueSettings
 
 __all__ = [
+    "TOMBSTONES_KEPT",
     "CreateQueue",
     "DeadLetter",
     "DropQueue",
@@ -75,6 +76,12 @@ __all__ = [
     "id_key",
 ]
 
+# A metadata owner keeps the tombstones of its last this many deleted queues (about 100
+# bytes each). A node that returns after more deletes than this on one owner finds an
+# older deleted queue unknown rather than deleted: it keeps those messages (an orphaned
+# queue, adopted if the name is created again) instead of purging them.
+TOMBSTONES_KEPT = 10_000
+
 
 # ---- operations ------------------------------------------------------------------------
 class CreateQueue(NamedTuple):
@@ -85,9 +92,12 @@ class CreateQueue(NamedTuple):
 
 
 class DropQueue(NamedTuple):
-    """Removes the metadata list of a queue (on its metadata owner)."""
+    """Removes the metadata list of a queue (on its metadata owner) and leaves a tombstone:
+    the record that the queue was deleted, which tells a repair sweep to purge it."""
 
     queue: str
+    incarnation: str = ""
+    deleted_at: float = 0.0
 
 
 class Register(NamedTuple):
@@ -440,6 +450,9 @@ class NodeState:
         # Ready messages: id key -> queue (their order is in each queue's ReadyQueue).
         self.ready_ids: dict[int | str, str] = {}
         self.meta: dict[str, QueueMeta] = {}
+        # Deleted queues (on their metadata owner): name -> (incarnation, deleted_at), oldest
+        # first, at most TOMBSTONES_KEPT. Only a queue named here is purged by a sweep.
+        self.tombstones: dict[str, tuple[str, float]] = {}
         # Dedup records: id -> (queue, until), with a heap to forget them in time order.
         self.dedup: dict[str, tuple[str, float]] = {}
         self._dedup_heap: list[tuple[float, str]] = []
@@ -578,9 +591,19 @@ class NodeState:
 
     def _apply_create(self, op: CreateQueue) -> None:
         self.meta[op.queue] = QueueMeta(op.queue, op.incarnation, op.created_at, op.settings)
+        self.tombstones.pop(op.queue, None)
 
     def _apply_drop(self, op: DropQueue) -> None:
         self.meta.pop(op.queue, None)
+        self.restore_tombstone(op.queue, op.incarnation, op.deleted_at)
+
+    def restore_tombstone(self, queue: str, incarnation: str, deleted_at: float) -> None:
+        """Records that `queue` was deleted, dropping the oldest tombstone past the bound."""
+        tombstones = self.tombstones
+        tombstones.pop(queue, None)  # a second delete of the name moves it to the end
+        tombstones[queue] = (incarnation, deleted_at)
+        while len(tombstones) > TOMBSTONES_KEPT:
+            del tombstones[next(iter(tombstones))]
 
     def _heat(
         self, lq: LocalQueue, queue: str, mid: str, seq: int, receive_count: int = 0

@@ -43,6 +43,7 @@ import orjson
 from zdmq.errors import StorageFailed
 from zdmq.models import QueueSettings
 from zdmq.server.state import (
+    TOMBSTONES_KEPT,
     CreateQueue,
     DeadLetter,
     DropQueue,
@@ -90,6 +91,12 @@ CREATE TABLE IF NOT EXISTS queues (
     incarnation TEXT NOT NULL,
     created_at REAL NOT NULL,
     settings TEXT NOT NULL DEFAULT '{}'
+);
+-- Deleted queues (on their metadata owner): a repair sweep purges only these.
+CREATE TABLE IF NOT EXISTS tombstones (
+    name TEXT PRIMARY KEY,
+    incarnation TEXT NOT NULL,
+    deleted_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS dedup (
     id TEXT PRIMARY KEY,
@@ -253,6 +260,10 @@ class SqliteStorage(Storage):
         ):
             cfg = QueueSettings(**orjson.loads(settings))
             state.apply(CreateQueue(name, incarnation, created_at, cfg))
+        for name, incarnation, deleted_at in conn.execute(
+            "SELECT name, incarnation, deleted_at FROM tombstones ORDER BY deleted_at"
+        ):
+            state.restore_tombstone(name, incarnation, deleted_at)
         for queue, node, first_uuid in conn.execute(
             "SELECT queue, node, first_uuid FROM registrations ORDER BY registered_at"
         ):
@@ -733,6 +744,7 @@ def _w_unregister(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLi
 
 
 def _w_create(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany("DELETE FROM tombstones WHERE name = ?", [(op.queue,) for op in ops])
     conn.executemany(
         "INSERT OR REPLACE INTO queues (name, incarnation, created_at, settings) "
         "VALUES (?, ?, ?, ?)",
@@ -748,6 +760,16 @@ def _w_drop(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
     for op in ops:
         conn.execute("DELETE FROM registrations WHERE queue = ?", (op.queue,))
         conn.execute("DELETE FROM queues WHERE name = ?", (op.queue,))
+        conn.execute(
+            "INSERT OR REPLACE INTO tombstones (name, incarnation, deleted_at) VALUES (?, ?, ?)",
+            (op.queue, op.incarnation, op.deleted_at),
+        )
+    # The newest TOMBSTONES_KEPT stay, as in NodeState.
+    conn.execute(
+        "DELETE FROM tombstones WHERE name IN "
+        "(SELECT name FROM tombstones ORDER BY deleted_at DESC LIMIT -1 OFFSET ?)",
+        (TOMBSTONES_KEPT,),
+    )
 
 
 # Ops after which a cached row (SqliteStorage._recent) is stale or gone.
