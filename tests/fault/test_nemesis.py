@@ -5,8 +5,8 @@ Today's cluster keeps one copy of each message (on the node its id hashes to), w
 
 - kill -9 and restart on the same disk, SIGSTOP/SIGCONT: no acknowledged push is lost and
   nothing unexpected is delivered (duplicates are allowed: delivery is at-least-once).
-- a node's disk lost: its acknowledged messages are gone; the run prints how many and asserts
-  only that the checker's counts are consistent.
+- a node's disk lost (the queue's metadata owner, or another node): its acknowledged
+  messages are gone, and no other node's; the run prints how many.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import random
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.fault.history import History
 from tests.fault.nemesis import Nemesis
 from tests.fault.netns import NetnsCluster, NetnsUnavailable, unavailable_reason
 from tests.fault.runner import run
-from tests.fault.workload import Workload
-from tests.helpers import unique
+from tests.fault.workload import Outcome, Workload
+from tests.helpers import unique, wait_until
 from zdmq.hashing import Placement
 from zdmq.local import LocalCluster
 
@@ -113,25 +114,57 @@ async def test_random_kills_and_pauses_with_pop_consumers(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("victim_is_owner", [True, False], ids=["metadata-owner", "other-node"])
 async def test_disk_loss_loses_the_lost_nodes_messages(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, victim_is_owner: bool
 ) -> None:
-    """One copy per message: a node that loses its disk loses its messages. The victim is
-    never the queue's metadata owner: losing that disk loses the queue's metadata, and the
-    other nodes' repair sweeps then purge all of the queue's messages."""
+    """One copy per message: a node that loses its disk loses its messages, and only those.
+    When the victim is the queue's metadata owner the queue's metadata goes too: the other
+    nodes keep their messages of it (the owner recorded no delete, so they do not purge),
+    and once the queue is created again, as an operator would, they rejoin it."""
     print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
     queue = unique("fault")
     cfg = cluster.config
     placement = Placement(cfg.node_ids, cfg.partitions, cfg.replication)
     owner = placement.owner(queue)
-    victim = random.Random(SEED).choice([n for n in cluster.nodes if n != owner])
+    others = [n for n in cluster.nodes if n != owner]
+    victim = owner if victim_is_owner else random.Random(SEED).choice(others)
     h = History()
     w = Workload(cluster.urls, queue, h, producers=2, consumers=2, consumers_after_s=6.0, seed=SEED)
     nemesis = Nemesis(cluster, h, seed=SEED)
 
+    async def orphaned() -> int:
+        """How many of the other nodes hold messages of the queue their sweep found unknown."""
+        n = 0
+        async with aiohttp.ClientSession() as s:
+            for node in others:
+                async with s.get(f"{cfg.node(node).url}/v1/health") as r:
+                    n += (await r.json())["counters"].get("orphaned_queues", 0)
+        return n
+
+    async def recreate() -> None:
+        # First the other nodes' sweeps find the queue unknown, and keep their messages.
+        await wait_until(
+            lambda: _positive(orphaned()), timeout_s=3 * cfg.repair_interval_s, what="a sweep"
+        )
+        await asyncio.sleep(cfg.repair_interval_s + 0.5)  # every other node has swept
+        print(f"other nodes keeping the queue's messages: {await orphaned()}")
+        for _ in range(10):
+            try:
+                await w.create_queue()
+                h.note("nemesis", "nemesis", {"fault": "queue created again"})
+                return
+            except Outcome as e:
+                if e.definite:
+                    raise
+                await asyncio.sleep(0.2)
+        raise AssertionError(f"queue {queue} could not be created again")
+
     async def faults() -> None:
         await asyncio.sleep(4.0)  # a backlog builds up: the consumers start at 6 s
         await nemesis.lose_disk(victim, down_s=0.5)
+        if victim == owner:
+            await recreate()
         await asyncio.sleep(2.0)
         await nemesis.kill(victim, down_s=0.5)
 
@@ -146,6 +179,10 @@ async def test_disk_loss_loses_the_lost_nodes_messages(
     assert report.acknowledged - report.lost <= report.delivered
     # Only the messages stored on the node that lost its disk can be lost.
     assert {placement.owner(i) for i in report.lost} <= {victim}
+
+
+async def _positive(n: Awaitable[int]) -> bool:
+    return await n > 0
 
 
 # ---- partitions, nodes in network namespaces ------------------------------------------------
