@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from importlib import resources
 from itertools import repeat
 from typing import Any
-from urllib.parse import parse_qsl
 
 import orjson
 
@@ -835,7 +834,7 @@ def _taking(params: frozenset[str], handler: Handler) -> Handler:
 
     async def checked(request: Request) -> Response:
         if request.query_string:
-            names = [k for k, _ in parse_qsl(request.query_string, keep_blank_values=True)]
+            names = request.query_names
             unknown = set(names) - params
             if unknown:
                 takes = ", ".join(sorted(params)) or "none"

@@ -75,6 +75,7 @@ _monotonic = time.monotonic
 class Request:
     __slots__ = (
         "_query",
+        "_query_names",
         "app",
         "body",
         "headers",
@@ -104,16 +105,25 @@ class Request:
         self.transport = transport
         self.match_info: dict[str, str] = {}
         self._query: dict[str, str] | None = None
+        self._query_names: list[str] = []
 
     @property
     def query(self) -> dict[str, str]:
         """The query string's parameters (the first of repeats wins)."""
         if self._query is None:
             q: dict[str, str] = {}
+            names = self._query_names
             for k, v in parse_qsl(self.query_string, keep_blank_values=True):
+                names.append(k)
                 q.setdefault(k, v)
             self._query = q
         return self._query
+
+    @property
+    def query_names(self) -> list[str]:
+        """Every parameter name in the query string, repeats included, in order."""
+        _ = self.query  # parsed once, for both
+        return self._query_names
 
     @property
     def path_qs(self) -> str:
