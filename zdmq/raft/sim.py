@@ -83,10 +83,11 @@ class SimConfig:
 
     def draw(self, rng: random.Random) -> SimConfig:
         """This config with every fault rate drawn in [0, rate] (one seed's mix)."""
-        rates = ("drop", "duplicate", "crash", "crash_leader", "pause", "partition")
+        rates = (
+            "drop", "duplicate", "crash", "crash_leader", "pause", "partition",
+            "persist_lag", "transfer",
+        )  # fmt: skip
         drawn: dict[str, Any] = {k: rng.uniform(0, getattr(self, k)) for k in rates}
-        drawn["persist_lag"] = rng.uniform(0, self.persist_lag)
-        drawn["transfer"] = rng.uniform(0, self.transfer)
         drawn["max_entries_per_msg"] = (rng.choice(self.max_entries_per_msg),)
         return replace(self, **drawn)
 
