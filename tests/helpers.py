@@ -1,5 +1,5 @@
-"""Shared test helpers: waiting on conditions (never fixed sleeps), unique names, and the
-certificates of a TLS test cluster."""
+"""Shared test helpers: waiting on conditions (never fixed sleeps), unique names, a node's
+resident memory, and the certificates of a TLS test cluster."""
 
 from __future__ import annotations
 
@@ -41,6 +41,15 @@ def make_ca_and_cert(d: Path) -> dict[str, str]:
     openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", "node.pem", "-days", "2", "-extfile", "ext.cnf")  # fmt: skip
     return {"cert": str(d / "node.pem"), "key": str(d / "node.key"), "ca": str(d / "ca.pem")}
+
+
+def rss_kib(pid: int) -> int:
+    """The process's resident set (VmRSS), in KiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS line for pid {pid}")
 
 
 def unique(prefix: str = "q") -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.helpers import make_ca_and_cert, unique, wait_until
+from tests.helpers import make_ca_and_cert, rss_kib, unique, wait_until
 from zdmq import Client
 from zdmq.local import LocalCluster
 from zdmq.server.heap import Heap
@@ -20,11 +20,7 @@ MIB = 1 << 20
 
 
 def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    return rss_kib(pid) / 1024
 
 
 async def _releases(http: aiohttp.ClientSession, url: str, ca: ssl.SSLContext | None = None) -> int:

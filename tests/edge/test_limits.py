@@ -29,6 +29,7 @@ from tests.edge.raw import (
     request,
     start_node,
 )
+from tests.helpers import rss_kib
 from zdmq.local import LocalCluster
 
 HEAD_TIMEOUT_S = 1.0
@@ -200,13 +201,6 @@ def test_a_thousand_slow_heads_do_not_keep_another_client_waiting(
             s.close()
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS line")
-
-
 def test_pipelined_requests_whose_replies_are_not_read_cost_bounded_memory(
     roomy: tuple[LocalCluster, Addr],
 ) -> None:
@@ -218,7 +212,7 @@ def test_pipelined_requests_whose_replies_are_not_read_cost_bounded_memory(
     assert pid is not None
     n = 3000
     one = request("GET", "/v1/openapi.yaml")
-    before = _rss_kib(pid)
+    before = rss_kib(pid)
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(addr)
@@ -233,11 +227,11 @@ def test_pipelined_requests_whose_replies_are_not_read_cost_bounded_memory(
                 pending = pending[sent:]
             except BlockingIOError:
                 time.sleep(0.01)
-            peak = max(peak, _rss_kib(pid))
+            peak = max(peak, rss_kib(pid))
             if not pending:
                 break
         time.sleep(0.5)  # let the node take what it will
-        peak = max(peak, _rss_kib(pid))
+        peak = max(peak, rss_kib(pid))
         assert (peak - before) < 100 * 1024, f"RSS grew by {(peak - before) // 1024} MiB"
         # Another client is served meanwhile.
         assert call(addr, "GET", "/v1/health").status == 200
@@ -266,7 +260,7 @@ def test_pipelined_requests_whose_replies_are_not_read_cost_bounded_memory(
                 assert buf.startswith(b"HTTP/1.1 200 ")
                 del buf[: end + 4 + size]
                 got += 1
-            peak = max(peak, _rss_kib(pid))
+            peak = max(peak, rss_kib(pid))
         sel.close()
     assert got == n
     print(f"node RSS grew by {(peak - before) / 1024:.1f} MiB at most")
