@@ -9,6 +9,7 @@ was released by the consumer, not requeued by the lease monitor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -399,6 +400,49 @@ async def test_cancelling_the_iterating_task_finishes_and_acks_running_handlers_
     assert (stats.messages, stats.in_flight, stats.delayed) == (8, 0, 0)
     left = await receive_all(client, q, 8, within_s=2)
     assert check(pushed, finished, pairs(left)) == Verdict()
+
+
+async def test_leaving_a_body_consumer_while_a_receive_reply_is_unread_releases_what_it_leased(
+    client: Client,
+) -> None:
+    # The body leaves the loop after a receive was sent and its reply has reached the
+    # socket, but before the consumer has read it: the node has already leased those
+    # messages, so the consumer must read that reply and release them, not drop the
+    # call (which would leave them invisible until their LONG_S lease runs out). How
+    # many loop turns the reply takes to be read varies, so the rounds block the loop
+    # 0, 1, 2, ... turns after the receive was sent.
+    n = 150
+    q = unique("unread")
+    await client.create_queue(q)
+    pushed = await push_bodies(client, q, n)
+    handled: list[tuple[str, bytes]] = []
+
+    async with asyncio.timeout(60):
+        for turns in range(12):
+            consumer = client.consume(q, concurrency=2, visibility_s=LONG_S, wait_s=1)
+            async with contextlib.aclosing(aiter(consumer)) as messages:
+                async for msg in messages:
+                    sent = client.calls["receive"].calls
+                    for _ in range(100):
+                        if client.calls["receive"].calls > sent:
+                            break
+                        await asyncio.sleep(0)
+                    if client.calls["receive"].calls == sent:
+                        handled.append((msg.id, msg.body))
+                        continue
+                    # A receive went out while this body ran (moving on from the previous
+                    # message made room). After a few more loop turns, the node answers
+                    # it while this loop is blocked, then the body leaves (releasing the
+                    # message in hand) before the reply is read.
+                    for _ in range(turns):
+                        await asyncio.sleep(0)
+                    time.sleep(0.05)  # noqa: ASYNC251  (blocking the loop is the point)
+                    break
+
+    stats = await client.stats(q)
+    assert (stats.messages, stats.in_flight, stats.delayed) == (n - len(handled), 0, 0)
+    left = await receive_all(client, q, n - len(handled), within_s=2)
+    assert check(pushed, handled, pairs(left)) == Verdict()
 
 
 CONSUMER_SCRIPT = textwrap.dedent(

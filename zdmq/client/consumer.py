@@ -120,6 +120,8 @@ class AckBatcher:
 _DONE: Any = object()
 # A consumer that does not long-poll pauses this long after an empty receive.
 EMPTY_PAUSE_S = 0.1
+# On stop, how long a receive already sent may take to reply before it is cut off.
+STOP_GRACE_S = 1.0
 
 
 class Consumer:
@@ -420,8 +422,15 @@ class Consumer:
         self, tasks: list[asyncio.Task[Any]], workers: list[asyncio.Task[None]]
     ) -> None:
         self.stop()
-        # The receive loop: the node releases what a receive cut off by this leased.
-        tasks[0].cancel()
+        # The receive loop sends nothing more, but a receive already sent may have leased
+        # messages on the node whose reply is still on its way: dropping the call would
+        # leave them invisible until their lease ran out. So its reply is awaited (for a
+        # moment: a long poll still waiting is cut off, and a node whose caller went
+        # away leases nothing) and what it brought is released below with the rest.
+        receiving = tasks[0]
+        if not receiving.done():
+            await asyncio.wait([receiving], timeout=min(STOP_GRACE_S, self._shutdown_left()))
+        receiving.cancel()
         await self._release_unstarted()
         if workers:
             pending = [w for w in workers if not w.done()]
