@@ -33,8 +33,6 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
     InternalError,
-    MessageIdConflict,
-    MessageTooLarge,
     NodeUnavailable,
     QueueExists,
     QueueLimitReached,
@@ -51,14 +49,27 @@ from zdmq.models import (
     message_from_wire,
 )
 from zdmq.server.heap import Heap
+from zdmq.server.machine import (
+    Command,
+    DropEmpty,
+    Expire,
+    Housekeep,
+    Meta,
+    PurgeQueue,
+    Push,
+    Settle,
+    Take,
+    Wake,
+    apply_command,
+)
 from zdmq.server.state import (
     CreateQueue,
     DeadLetter,
     DropQueue,
-    LocalQueue,
     NodeState,
     Op,
     Register,
+    Taken,
     Unregister,
 )
 from zdmq.server.storage import Storage
@@ -235,6 +246,10 @@ class Node:
         # Queues this node holds messages of whose metadata owner does not know them and
         # recorded no delete (see _orphan): kept, not purged; counted as orphaned_queues.
         self._orphaned: set[str] = set()
+        # The queues this node is known to be on the metadata list of, with the queue's
+        # incarnation: runtime knowledge, so after a restart every queue registers again
+        # before its next push here.
+        self._registered: dict[str, str] = {}
         # Calls to other metadata owners, batched per owner (values: firstUUIDs, -, -).
         self._registrations = OwnerBatches(self._spawn, self._send_registrations)
         self._unregistrations = OwnerBatches(self._spawn, self._send_unregistrations)
@@ -288,9 +303,16 @@ class Node:
         if not task.cancelled() and (e := task.exception()) is not None:
             log.error("background task failed", exc_info=e)
 
-    async def commit(self, ops: Sequence[Op]) -> None:
-        if ops:
-            await self.storage.submit(ops)
+    async def execute(self, cmd: Command) -> Any:
+        """Runs `cmd` against this node's state (machine.py) and returns its result once
+        what it changed is committed; an error it returns is raised. Every change to the
+        state goes through here."""
+        self._check_storage()
+        result = apply_command(self.state, cmd)
+        await self.storage.barrier()
+        if isinstance(result, ZdmqError):
+            raise result
+        return result
 
     # ---- peers ---------------------------------------------------------------------
     async def peer_call(
@@ -342,16 +364,14 @@ class Node:
             if queue in self.state.meta:  # created meanwhile
                 raise QueueExists(f"queue {queue!r} already exists")
         op = CreateQueue(queue, uuid.uuid4().hex, time.time(), settings)
-        self.state.apply(op)
-        await self.commit([op])
+        await self.execute(Meta((op,), self.config.limits.max_queues))
         return op.incarnation
 
     async def drop_queue(self, queue: str) -> None:
         if queue not in self.state.meta:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         op = DropQueue(queue, self.state.meta[queue].incarnation, time.time())
-        self.state.apply(op)
-        await self.commit([op])
+        await self.execute(Meta((op,)))
         self._signal_ready(queue)  # waiters wake and find the queue gone
         self._ready_version.pop(queue, None)
         self._ready_nodes.pop(queue, None)
@@ -383,9 +403,7 @@ class Node:
         if meta is None:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         if node_id not in meta.nodes:
-            op = Register(queue, node_id, first_uuid)
-            self.state.apply(op)
-            await self.commit([op])
+            await self.execute(Meta((Register(queue, node_id, first_uuid),)))
         return {"incarnation": meta.incarnation, "settings": meta.settings.to_wire()}
 
     async def unregister(self, queue: str, node_id: str) -> None:
@@ -394,15 +412,13 @@ class Node:
     async def unregister_many(self, queues: Sequence[str], node_id: str) -> None:
         """Takes `node_id` off the metadata lists of `queues` (those it is on), in one
         commit."""
-        ops: list[Op] = []
+        ops: list[Unregister] = []
         for queue in queues:
             meta = self.state.meta.get(queue)
             if meta is not None and node_id in meta.nodes:
-                op = Unregister(queue, node_id)
-                self.state.apply(op)
-                ops.append(op)
+                ops.append(Unregister(queue, node_id))
         if ops:
-            await self.commit(ops)
+            await self.execute(Meta(ops))
 
     def nodes_ready(self, queues: Sequence[str], node_id: str) -> None:
         """A node reports it has visible messages of `queues` (a batch of notices)."""
@@ -430,7 +446,7 @@ class Node:
         deleted: list[str] = []
         settings: dict[str, Any] = {}
         incarnations: dict[str, str] = {}
-        ops: list[Op] = []
+        ops: list[Register] = []
         known = known or {}
         for queue, first_uuid in queues.items():
             meta = self.state.meta.get(queue)
@@ -443,13 +459,12 @@ class Node:
                 settings[queue] = meta.settings.to_wire()
                 incarnations[queue] = meta.incarnation
             if node_id not in meta.nodes:
-                op = Register(queue, node_id, first_uuid)
-                self.state.apply(op)
-                ops.append(op)
-        if ops and repair:
-            log.info("repair sweep re-registered %s for %d queue(s)", node_id, len(ops))
-            self.counters["repair_registrations"] += len(ops)
-        await self.commit(ops)
+                ops.append(Register(queue, node_id, first_uuid))
+        if ops:
+            await self.execute(Meta(ops))
+            if repair:
+                log.info("repair sweep re-registered %s for %d queue(s)", node_id, len(ops))
+                self.counters["repair_registrations"] += len(ops)
         return {
             "missing": missing,
             "deleted": deleted,
@@ -486,8 +501,7 @@ class Node:
     # ---- storage node side --------------------------------------------------------
     async def _ensure_registered(self, queue: str, first_uuid: str) -> None:
         async with self._locks(queue):
-            lq = self.state.queues.get(queue)
-            if lq is not None and lq.registered:
+            if queue in self._registered:
                 return
             owner = self.meta_owner(queue)
             if owner == self.id:
@@ -496,11 +510,7 @@ class Node:
                 reply = await self._register_at(owner, queue, first_uuid)
             self.counters["registrations"] += 1
             self.settings[queue] = QueueSettings(**reply["settings"])
-            lq = self.state.queues.get(queue)
-            if lq is None:
-                lq = self.state.queues[queue] = LocalQueue()
-            lq.registered = True
-            lq.incarnation = str(reply["incarnation"])
+            self._registered[queue] = str(reply["incarnation"])
 
     async def _register_at(self, owner: str, queue: str, first_uuid: str) -> dict[str, Any]:
         """Registers this node for `queue` with its metadata owner, another node, in the
@@ -557,66 +567,21 @@ class Node:
         """
         state = self.state
         self._check_storage()
-        lq = state.queues.get(queue)
-        while lq is None or not lq.registered:
+        while queue not in self._registered:
             await self._ensure_registered(queue, items[0].id)
-            lq = state.queues.get(queue)
-        # No await between the registration check and the appends: an unregister can
-        # only run on an empty UUID queue under the lock, so it cannot interleave here.
+        # No await between the registration check and the push: an unregister can only
+        # run on an empty UUID queue under the lock, so it cannot interleave here.
         settings = self.settings[queue]
-        limit = settings.max_message_bytes
-        now = time.time()
-        # Check the whole batch before changing anything: a refused batch stores nothing.
-        holder = state.holder
-        holders = [holder(item.id) for item in items]
-        fresh = holders.count(None) == len(holders)
-        if not fresh or (limit is not None and max([len(i.body) for i in items]) > limit):
-            for item, held in zip(items, holders, strict=True):  # the first problem, in order
-                if limit is not None and len(item.body) > limit:
-                    raise MessageTooLarge(
-                        f"message of {len(item.body)} bytes is over queue {queue!r}'s "
-                        f"{limit}-byte limit"
-                    )
-                if held is not None and held != queue and not item.dedup:
-                    raise MessageIdConflict(f"message id {item.id} is in use by another queue")
-        was_empty = not lq.ready
-        ops: list[Op]
-        if fresh and not any([i.dedup for i in items]) and len({i.id for i in items}) == len(items):
-            # The common case: new ids, each once, no dedup windows.
-            duplicate = [False] * len(items)
-            ops = list(
-                state.push_many(
-                    queue, [(i.id, i.body, i.content_type, 0.0) for i in items], now=now
-                )
-            )
-        else:
-            ops = []
-            duplicate = []
-            stored: set[str] = set()  # the same id twice in one batch is stored once
-            for item, held in zip(items, holders, strict=True):
-                if (
-                    held is not None
-                    or item.id in stored
-                    or (item.dedup and state.in_dedup_window(item.id, now))
-                ):
-                    duplicate.append(True)  # a retry or the same id twice: store it once
-                    continue
-                duplicate.append(False)
-                stored.add(item.id)
-                window = settings.dedup_window_s if item.dedup else 0.0
-                ops.append(
-                    state.push(
-                        queue, item.id, item.body, item.content_type, now=now, dedup_window_s=window
-                    )
-                )
-        self.counters["pushed"] += len(ops)
-        self.counters["duplicates"] += len(items) - len(ops)
-        if ops:
-            await self.commit(ops)
-        else:
-            # Only repeats: reply once the originals' commit (maybe still running) is done.
-            await self.storage.barrier()
-        if was_empty and lq.ready:
+        lq = state.queues.get(queue)
+        was_empty = lq is None or not lq.ready
+        duplicate: list[bool] = await self.execute(
+            Push(queue, items, time.time(), settings.max_message_bytes, settings.dedup_window_s)
+        )
+        stored = duplicate.count(False)
+        self.counters["pushed"] += stored
+        self.counters["duplicates"] += len(items) - stored
+        lq = state.queues.get(queue)
+        if was_empty and lq is not None and lq.ready:
             self._notify_ready(queue)
         return duplicate
 
@@ -659,8 +624,8 @@ class Node:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         state = self.state
         lq = state.queues.get(queue)
-        state.wake(time.time())
-        if lq is not None and lq.ready:
+        now = time.time()
+        if lq is not None and (lq.ready or (lq.delayed and state.delays_due(now))):
             settings = self.settings.get(queue)
             if settings is None:
                 try:
@@ -674,31 +639,29 @@ class Node:
             if receive:
                 assert settings is not None
                 vis = lease_s if lease_s is not None else settings.visibility_timeout_s
-                leased, ops = state.lease(
-                    queue,
-                    limit,
-                    now=now,
-                    visibility_s=vis,
-                    new_token=self._new_token,
-                    retention_s=retention,
-                )
-                # Taken is (id, body, content_type, receive_count, token): every leased
-                # one has a token.
+                cmd = Take(queue, limit, now, retention, vis, self._new_token()[:12])
+                leased: list[Taken] = await self.execute(cmd)
+                # Every leased one has a token.
                 out = [
-                    Delivery(t[0], t[1], t[2], make_receipt(t[0], t[4]), t[3])  # type: ignore[arg-type]
+                    Delivery(
+                        t.id,
+                        t.body,
+                        t.content_type,
+                        make_receipt(t.id, t.token or ""),
+                        t.receive_count,
+                    )
                     for t in leased
                 ]
                 self.counters["received"] += len(out)
             else:
-                popped, ops = state.pop(queue, limit, now=now, retention_s=retention)
+                popped: list[Taken] = await self.execute(Take(queue, limit, now, retention))
                 out = [Delivery(t.id, t.body, t.content_type) for t in popped]
                 self.counters["popped"] += len(out)
-            await self.commit(ops)
             if out:
                 return out
             lq = state.queues.get(queue)
-        # Registered or not: after a restart `registered` is False (runtime knowledge)
-        # while the owner's durable list may still name this node.
+        # Registered or not: after a restart this node knows none of its registrations
+        # (runtime knowledge) while the owner's durable list may still name it.
         emptied = lq is not None and not lq.holds()
         if emptied and self.config.unregister_grace_s > 0:
             self._drop_later(queue)
@@ -745,33 +708,26 @@ class Node:
             settings = await self.queue_settings(queue)
             max_receives = settings.max_receives
             dlq = await self._dead_letter_target(queue, settings, [mid for _, mid, _ in leases])
-        now = time.time()
-        ops: list[Op] = []
-        failed: dict[str, str] = {}
         lq = state.queues.get(queue)
         was_empty = lq is None or not lq.ready
-        for receipt, mid, token in leases:
-            op: Op | None
-            if action == "ack":
-                op = state.ack(queue, mid, token, now)
-            elif action == "extend":
-                op = state.extend(queue, mid, token, now, visibility_s)
-            else:
-                op = state.requeue(
-                    queue,
-                    mid,
-                    token,
-                    now,
-                    delay_s=delay_s,
-                    max_receives=max_receives,
-                    dead_letter_queue=dlq,
-                )
-            if op is None:
-                failed[receipt] = "lease_expired"
-            else:
-                ops.append(op)
+        cmd = Settle(
+            queue,
+            action,
+            [(mid, token) for _, mid, token in leases],
+            time.time(),
+            delay_s,
+            visibility_s,
+            max_receives,
+            dlq,
+        )
+        results: list[Op | None] = await self.execute(cmd)
+        failed = {
+            lease[0]: "lease_expired"
+            for lease, op in zip(leases, results, strict=True)
+            if op is None
+        }
+        ops = [op for op in results if op is not None]
         self.counters[action + "ed"] += len(ops)
-        await self.commit(ops)
         self._after_requeue(queue, was_empty, ops)
         return len(ops), failed
 
@@ -799,10 +755,8 @@ class Node:
         if not any((m := hot.get(mid)) is not None and m.receive_count >= limit for mid in mids):
             return None
         try:
-            lq = self.state.queues.get(dlq)
-            while lq is None or not lq.registered:
+            while dlq not in self._registered:
                 await self._ensure_registered(dlq, mids[0])
-                lq = self.state.queues.get(dlq)
         except ZdmqError as e:
             log.warning("dead-letter queue %s of %s is unavailable: %s", dlq, queue, e)
             self.counters["dead_letter_failed"] += 1
@@ -816,8 +770,9 @@ class Node:
         state = self.state
         if self.storage.failed is not None:
             return
-        for queue in state.wake(now):
-            self._notify_ready(queue)
+        if state.delays_due(now):
+            for queue in await self.execute(Wake(now)):
+                self._notify_ready(queue)
         by_queue: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
         for queue, mid, token in state.due_leases(now):
             by_queue[queue].append((mid, token))
@@ -838,34 +793,20 @@ class Node:
             self._monitor_retry_at.pop(queue, None)
             lq = state.queues.get(queue)
             was_empty = lq is None or not lq.ready
-            ops: list[Op] = []
-            for mid, token in due:
-                op = state.requeue(
-                    queue,
-                    mid,
-                    token,
-                    now,
-                    expired=True,
-                    max_receives=settings.max_receives,
-                    dead_letter_queue=dlq,
-                )
-                if op is not None:
-                    ops.append(op)
+            ops = await self.execute(Expire(queue, due, now, settings.max_receives, dlq))
             self.counters["expired"] += len(ops)
-            await self.commit(ops)
             self._after_requeue(queue, was_empty, ops)
         if housekeeping:
             self._release_heap_when_idle()
-            ops = []
-            for queue in list(state.queues):
-                known = self.settings.get(queue)
-                if known is not None:
-                    ops.extend(state.expired_by_retention(queue, now, known.retention_s))
-            self.counters["retention_dropped"] += len(ops)
-            forget = state.forget_dedup(now)
-            if forget is not None:
-                ops.append(forget)
-            await self.commit(ops)
+            settings_of = self.settings.get
+            retention = [
+                (queue, known.retention_s)
+                for queue, lq in state.queues.items()
+                if now >= lq.retention_due and (known := settings_of(queue)) is not None
+            ]
+            if retention or state.dedup_due(now):
+                dropped = await self.execute(Housekeep(now, retention))
+                self.counters["retention_dropped"] += dropped
 
     def _release_heap_when_idle(self) -> None:
         """Gives freed memory back to the kernel once no message has moved for a
@@ -903,7 +844,8 @@ class Node:
             if lq is not None:
                 if lq.holds():
                     return  # a message arrived, or some are leased or delayed
-                del self.state.queues[queue]
+                await self.execute(DropEmpty(queue))
+            self._registered.pop(queue, None)
             self.counters["unregistrations"] += 1
             owner = self.meta_owner(queue)
             try:
@@ -920,11 +862,9 @@ class Node:
         if timer is not None:
             timer.cancel()
         async with self._locks(queue):
-            n = self.state.depth(queue)
             self.settings.pop(queue, None)
-            op = self.state.purge(queue)
-            if op is not None:
-                await self.commit([op])
+            self._registered.pop(queue, None)
+            n: int = await self.execute(PurgeQueue(queue))
             return n
 
     def depth(self, queue: str) -> dict[str, int]:
@@ -1128,9 +1068,7 @@ class Node:
         queue when it is created again, and a delete of it then purges them. Meanwhile
         the UUID queue counts as unregistered, so pushes here register first and are
         refused with 404 while the queue does not exist."""
-        lq = self.state.queues.get(queue)
-        if lq is not None:
-            lq.registered = False
+        self._registered.pop(queue, None)
         if queue not in self._orphaned:
             self._orphaned.add(queue)
             log.warning(

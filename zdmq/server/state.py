@@ -368,11 +368,9 @@ class LocalQueue:
     __slots__ = (
         "delayed",
         "first_uuid",
-        "incarnation",
         "leased",
         "origins",
         "ready",
-        "registered",
         "retention_due",
     )
 
@@ -384,11 +382,6 @@ class LocalQueue:
         # dead-lettered into this queue (seq -> origin); empty but in DLQs.
         self.origins: dict[int, str] = {}
         self.first_uuid: str | None = None
-        # Whether the metadata owner is known to list this node for the queue, and
-        # under which incarnation of the queue. Runtime knowledge, not persisted: after
-        # a restart every non-empty queue registers again.
-        self.registered = False
-        self.incarnation: str | None = None
         # The earliest time a ready message of this queue can be past retention, as far
         # as the last retention check knows (0: check at the next sweep).
         self.retention_due = 0.0
@@ -941,6 +934,16 @@ class NodeState:
         if type(op) is Requeue:
             self.wake(now)
         return op
+
+    def delays_due(self, now: float) -> bool:
+        """Whether some delayed message may be due by `now` (`wake` would look)."""
+        timers = self._delay_timers
+        return bool(timers) and timers[0][0] <= now
+
+    def dedup_due(self, now: float) -> bool:
+        """Whether some dedup record's window ended before `now` (`forget_dedup` would act)."""
+        heap = self._dedup_heap
+        return bool(heap) and heap[0][0] < now
 
     def wake(self, now: float) -> set[str]:
         """Delayed messages whose time has come become ready; returns their queues."""

@@ -1,0 +1,234 @@
+"""Commands replay the same way: equal states, equal results, through the wire format.
+
+A leader builds each command from its own state, as a node does (the leases it acks are
+those it handed out; the leases it expires are those its timer heap says ran out), and
+applies it; two replicas apply the same command after `encode_command` and
+`decode_command`. After every step the three states and results must be equal; at the
+end a replica rebuilt from the whole command log must be equal too.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zdmq.errors import MessageIdConflict, MessageTooLarge, QueueExists, QueueNotFound
+from zdmq.models import QueueSettings
+from zdmq.server.machine import (
+    Command,
+    DropEmpty,
+    Expire,
+    Housekeep,
+    Meta,
+    PurgeQueue,
+    Push,
+    Settle,
+    Take,
+    Wake,
+    apply_command,
+    decode_command,
+    encode_command,
+)
+from zdmq.server.state import (
+    CreateQueue,
+    DropQueue,
+    NodeState,
+    Register,
+    StoredMessage,
+    Taken,
+    Unregister,
+)
+
+QUEUES = ("jobs", "mail", "jobs-dlq")
+
+
+def dump(state: NodeState) -> Any:
+    """Everything a replica must agree on, as plain values."""
+    seqs = [seq for lq in state.queues.values() for seq in lq.ready]
+    seqs += [m.seq for m in state.hot.values()]
+    return (
+        {
+            q: (list(lq.ready), sorted(lq.leased), sorted(lq.delayed), lq.first_uuid, lq.origins)
+            for q, lq in state.queues.items()
+        },
+        {
+            mid: [getattr(m, name) for name in StoredMessage.__slots__]
+            for mid, m in state.hot.items()
+        },
+        dict(state.ready_ids),
+        {q: (m.incarnation, m.settings, list(m.nodes.items())) for q, m in state.meta.items()},
+        dict(state.tombstones),
+        dict(state.dedup),
+        dict(state.dead_lettered),
+        state.next_seq,
+        state.rows.read(sorted(seqs)),
+    )
+
+
+def plain(result: Any) -> Any:
+    """A result as a value (errors do not compare equal as objects)."""
+    return (type(result), str(result)) if isinstance(result, Exception) else result
+
+
+class Cluster:
+    """A leader and two replicas fed the same commands (one replica through the wire)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.leader, self.direct, self.wired = NodeState(), NodeState(), NodeState()
+        self.log: list[bytes] = []
+        self.now = 1_000.0
+        self.leases: list[tuple[str, str, str]] = []  # (queue, id, token) handed out
+        self.n = 0
+
+    def run(self, cmd: Command) -> Any:
+        data = encode_command(cmd)
+        assert encode_command(decode_command(data)) == data
+        self.log.append(data)
+        result = apply_command(self.leader, cmd)
+        assert plain(apply_command(self.direct, cmd)) == plain(result)
+        assert plain(apply_command(self.wired, decode_command(data))) == plain(result)
+        assert dump(self.leader) == dump(self.direct) == dump(self.wired)
+        return result
+
+    def step(self, kind: int) -> None:
+        rng, q = self.rng, self.rng.choice(QUEUES)
+        if kind == 0:  # push, some by dedup id, some ids repeated
+            items = []
+            for _ in range(rng.randint(1, 4)):
+                self.n += 1
+                mid = f"m{rng.randint(1, self.n)}" if rng.random() < 0.2 else f"m{self.n}"
+                items.append((mid, f"body {self.n}".encode(), rng.choice([None, "text/plain"])))
+            dedup = rng.random() < 0.3
+            cmd = Push(q, [(m, b, ct, dedup) for m, b, ct in items], self.now, 64, 30.0)
+            self.run(cmd)
+        elif kind == 1:  # pop or receive
+            lease_s = rng.choice([None, 5.0, 20.0])
+            token_base = f"{rng.getrandbits(48):012x}"
+            taken: list[Taken] = self.run(
+                Take(q, rng.randint(1, 3), self.now, rng.choice([None, 50.0]), lease_s, token_base)
+            )
+            self.leases += [(q, t.id, t.token) for t in taken if t.token is not None]
+        elif kind == 2 and self.leases:  # ack, nack or extend leases handed out
+            picked = rng.sample(self.leases, min(len(self.leases), rng.randint(1, 3)))
+            by_queue: dict[str, list[tuple[str, str]]] = {}
+            for lq, mid, token in picked:
+                by_queue.setdefault(lq, []).append((mid, token))
+            for lq, leases in by_queue.items():
+                action = rng.choice(["ack", "nack", "extend"])
+                self.run(
+                    Settle(
+                        lq, action, leases, self.now, rng.choice([0.0, 3.0]), 10.0, 2, "jobs-dlq"
+                    )
+                )
+        elif kind == 3:  # the clock moves; the leader's monitor expires what ran out
+            self.now += rng.choice([0.5, 4.0, 11.0, 60.0])
+            due: dict[str, list[tuple[str, str]]] = {}
+            for lq, mid, token in self.leader.due_leases(self.now):
+                due.setdefault(lq, []).append((mid, token))
+            for lq, leases in due.items():
+                self.run(Expire(lq, leases, self.now, 2, "jobs-dlq"))
+            if self.leader.delays_due(self.now):
+                self.run(Wake(self.now))
+        elif kind == 4:
+            self.run(Housekeep(self.now, [(x, 50.0) for x in QUEUES]))
+        elif kind == 5:  # metadata changes, some refused
+            op = rng.choice(
+                [
+                    CreateQueue(q, f"inc{self.n}", self.now, QueueSettings(max_receives=2)),
+                    DropQueue(q, "inc", self.now),
+                    Register(q, rng.choice("abc"), f"m{self.n}"),
+                    Unregister(q, rng.choice("abc")),
+                ]
+            )
+            self.run(Meta([op], max_queues=2))
+        elif kind == 6:
+            self.run(rng.choice([PurgeQueue(q), DropEmpty(q)]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32), steps=st.lists(st.integers(0, 6), min_size=10, max_size=120))
+def test_replicas_fed_the_same_commands_agree_on_every_result_and_the_whole_state(
+    seed: int, steps: list[int]
+) -> None:
+    c = Cluster(seed)
+    for kind in steps:
+        c.step(kind)
+    rebuilt = NodeState()
+    for data in c.log:
+        apply_command(rebuilt, decode_command(data))
+    assert dump(rebuilt) == dump(c.leader)
+
+
+def test_a_refused_push_stores_nothing_and_returns_its_error() -> None:
+    state = NodeState()
+    apply_command(state, Push("jobs", [("a", b"x", None, False)], 1.0))
+    before = dump(state)
+    too_large = apply_command(
+        state, Push("jobs", [("b", b"ok", None, False), ("c", b"x" * 9, None, False)], 2.0, 8)
+    )
+    assert isinstance(too_large, MessageTooLarge)
+    in_use = apply_command(
+        state, Push("mail", [("d", b"", None, False), ("a", b"", None, False)], 2.0)
+    )
+    assert isinstance(in_use, MessageIdConflict)
+    assert dump(state) == before
+
+
+def test_pushes_report_repeats_and_dedup_windows() -> None:
+    state = NodeState()
+    first = apply_command(
+        state, Push("jobs", [("a", b"1", None, True), ("b", b"2", None, False)], 1.0, None, 10.0)
+    )
+    again = apply_command(
+        state,
+        Push(
+            "jobs",
+            [
+                ("a", b"1", None, True),
+                ("b", b"2", None, False),
+                ("c", b"3", None, False),
+                ("c", b"3", None, False),
+            ],
+            2.0,
+            None,
+            10.0,
+        ),
+    )
+    assert (first, again) == ([False, False], [True, True, False, True])
+    assert state.ready_list("jobs") == ["a", "b", "c"]
+
+
+def test_leases_carry_the_tokens_of_the_command_so_every_replica_hands_out_the_same() -> None:
+    state = NodeState()
+    apply_command(state, Push("jobs", [(f"m{i}", b"", None, False) for i in range(3)], 1.0))
+    taken = apply_command(state, Take("jobs", 3, 2.0, None, 30.0, "0123456789ab"))
+    assert [t.token for t in taken] == ["0123456789ab0000", "0123456789ab0001", "0123456789ab0002"]
+    assert [t.receive_count for t in taken] == [1, 1, 1]
+    acked = apply_command(
+        state, Settle("jobs", "ack", [("m0", "0123456789ab0000"), ("m1", "nope")], 3.0)
+    )
+    assert [op is not None for op in acked] == [True, False]
+
+
+def test_metadata_changes_refuse_a_second_create_and_a_drop_of_nothing() -> None:
+    state = NodeState()
+    create = CreateQueue("jobs", "i1", 1.0, QueueSettings(retention_s=60.0))
+    assert apply_command(state, Meta([create, Register("jobs", "n1", "m1")])) == [True, True]
+    assert apply_command(state, Meta([Register("jobs", "n1", "m2")])) == [False]
+    assert isinstance(apply_command(state, Meta([create])), QueueExists)
+    assert isinstance(apply_command(state, Meta([DropQueue("mail", "i", 1.0)])), QueueNotFound)
+    assert isinstance(
+        apply_command(state, Meta([CreateQueue("mail", "i2", 1.0)], max_queues=1)), Exception
+    )
+    assert list(state.meta) == ["jobs"] and state.meta["jobs"].nodes == {"n1": "m1"}
+
+
+@pytest.mark.parametrize("data", [b"", b"\x93\x01", b"\x92\x63\x00", b"\xc1", b"\x91\x02"])
+def test_bytes_that_are_not_a_command_raise_value_error(data: bytes) -> None:
+    with pytest.raises(ValueError, match="not a command"):
+        decode_command(data)
