@@ -126,7 +126,7 @@ class Cluster:
                     )
                 )
         elif kind == 3:  # the clock moves; the leader's monitor expires what ran out
-            self.now += rng.choice([0.5, 4.0, 11.0, 60.0])
+            self.now += rng.choice([-3.0, 0.5, 4.0, 11.0, 60.0])  # another member's clock
             due: dict[str, list[tuple[str, str]]] = {}
             for lq, mid, token in self.leader.due_leases(self.now):
                 due.setdefault(lq, []).append((mid, token))
@@ -226,6 +226,20 @@ def test_metadata_changes_refuse_a_second_create_and_a_drop_of_nothing() -> None
         apply_command(state, Meta([CreateQueue("mail", "i2", 1.0)], max_queues=1)), Exception
     )
     assert list(state.meta) == ["jobs"] and state.meta["jobs"].nodes == {"n1": "m1"}
+
+
+def test_a_command_stamped_before_the_latest_time_seen_runs_at_that_time() -> None:
+    state = NodeState()
+    apply_command(state, Push("jobs", [("a", b"", None, False)], 1.0))
+    [t] = apply_command(state, Take("jobs", 1, 2.0, None, 5.0, "0123456789ab"))
+    # Nacked at 3.0 with a 4 s delay: ready again at 7.0.
+    apply_command(state, Settle("jobs", "nack", [("a", t.token)], 3.0, 4.0))
+    apply_command(state, Push("jobs", [("b", b"", None, False)], 8.0))
+    # A member whose clock is behind stamps 5.0: the state's time is 8.0 all the same, so
+    # the delay has ended and the lease it hands out runs until 8.0 + 5.
+    taken = apply_command(state, Take("jobs", 2, 5.0, None, 5.0, "ba9876543210"))
+    assert [m.id for m in taken] == ["a", "b"]
+    assert state.hot["a"].lease_until == 13.0 and state.clock == 8.0
 
 
 @pytest.mark.parametrize("data", [b"", b"\x93\x01", b"\x92\x63\x00", b"\xc1", b"\x91\x02"])

@@ -188,7 +188,19 @@ def lease_tokens(base: str) -> Callable[[], str]:
 
 # ---- applying --------------------------------------------------------------------------
 def apply_command(state: NodeState, cmd: Command) -> Any:
-    """Applies `cmd` to `state` and returns its result (an error is returned, not raised)."""
+    """Applies `cmd` to `state` and returns its result (an error is returned, not raised).
+
+    The state's clock never goes back: a command stamped earlier than the latest time the
+    state has seen (another member's clock, a clock stepped back) runs at that latest
+    time. So delays end, leases run out and messages queue up in one order on every
+    replica, whichever members' clocks stamped the commands.
+    """
+    now = getattr(cmd, "now", None)
+    if now is not None:
+        if now < state.clock:
+            cmd = cmd._replace(now=state.clock)  # type: ignore[call-arg]
+        else:
+            state.clock = now
     return _APPLY[type(cmd)](state, cmd)
 
 

@@ -471,6 +471,9 @@ class NodeState:
         # Messages held in dead-letter queues, by the queue they came from.
         self.dead_lettered: Counter[str] = Counter()
         self.next_seq = 1
+        # The latest time a command applied here was stamped with (machine.py keeps it
+        # from going back).
+        self.clock = 0.0
         self.rows: Rows = rows if rows is not None else MemoryRows()
 
     # ---- the one mutation entry point --------------------------------------------------
