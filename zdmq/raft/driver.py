@@ -346,11 +346,13 @@ class RaftHost:
         self._pending: dict[str, dict[int, tuple[int, asyncio.Future[Any]]]] = {
             g: {} for g in groups
         }
-        self._was_leader: dict[str, bool] = dict.fromkeys(groups, False)
+        # The term each group is led by this member in, None while it is not leader.
+        self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
         self._wake: asyncio.Event | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self.running = False
+        self._started = False
         #: Why the host stopped on its own (an `apply` that raised, a storage failure).
         self.failed: str | None = None
         #: For metrics; see the keys.
@@ -377,8 +379,8 @@ class RaftHost:
     def start(self) -> None:
         """Starts the ticker and the pump on the running loop; a node campaigns at once
         for the groups it is the preferred leader of."""
-        assert not self.running and self.failed is None, "start() once"
-        self.running = True
+        assert not self._started, "a host starts once (make a new one to restart)"
+        self._started = self.running = True
         self._wake = asyncio.Event()
         for gid, core in self._cores.items():
             if self.preferred[gid] == self.node_id:
@@ -624,22 +626,18 @@ class RaftHost:
 
     def _check_pending(self) -> None:
         """Counts elections won, and fails the proposals this member can no longer
-        commit: those past the commit index once it is not leader of their term."""
+        commit: once it stops leading the term they were made in, those past the commit
+        index (those at or below it are committed and resolve when applied)."""
         for gid, core in self._cores.items():
-            leading = core.role is Role.LEADER
-            if leading and not self._was_leader[gid]:
+            lead_term = core.term if core.role is Role.LEADER else None
+            if lead_term == self._lead_term[gid]:
+                continue  # every pending proposal was made in this term: all still live
+            self._lead_term[gid] = lead_term
+            if lead_term is not None:
                 self.counters["elections_won"] += 1
-            self._was_leader[gid] = leading
             pending = self._pending[gid]
-            if not pending:
-                continue
             committed = core.log.committed
-            lost = [
-                i
-                for i, (term, _) in pending.items()
-                if i > committed and (not leading or term != core.term)
-            ]
-            for i in lost:
+            for i in [i for i, (term, _) in pending.items() if i > committed and term != lead_term]:
                 _, fut = pending.pop(i)
                 if not fut.done():
                     fut.set_exception(NotLeader(core.leader, core.term))
