@@ -451,6 +451,30 @@ async def test_an_apply_that_raises_stops_the_host_rather_than_skip_an_entry(
         await propose_on_leader(c, "n2", b"on")
 
 
+async def test_a_storage_failure_stops_the_host_and_fails_its_proposals(tmp_path: Path) -> None:
+    applied: list[Entry] = []
+
+    async def nowhere(peer: str, payload: bytes) -> None:
+        raise AssertionError("a group of one sends nothing")
+
+    store = RaftLogStore(tmp_path / "solo.sqlite3", "fsync")
+    host = RaftHost("a", {"a": ["a"]}, store, nowhere, lambda g, e: applied.append(e) or e.index)
+    host.start()
+    try:
+        await until(lambda: host.is_leader("a"), "a group of one elects its member")
+        assert await host.propose("a", b"one") == 2  # after the leader's empty entry
+        store.failed = "the disk is gone"  # what the store sets when a commit fails
+        with pytest.raises(RaftHostStopped):
+            await asyncio.wait_for(host.propose("a", b"two"), WAIT_S)
+        assert host.failed is not None and "RaftStorageFailed" in host.failed
+        assert [e.data for e in applied] == [None, b"one"]
+        with pytest.raises(RaftHostStopped):
+            host.propose("a", b"three")
+    finally:
+        await host.stop()
+        store.close()
+
+
 async def test_a_peers_queue_is_bounded_and_failed_sends_are_counted(tmp_path: Path) -> None:
     gate = asyncio.Event()
     sent: list[bytes] = []
