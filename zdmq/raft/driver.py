@@ -277,7 +277,10 @@ class RaftHost:
     Time is `tick_s` seconds a tick; a follower campaigns after 1 to 2 times
     `election_ticks` without a leader, a leader heartbeats every `heartbeat_ticks`.
     `preferred` maps a group to its preferred leader (default: the member whose id is
-    the group id, if any).
+    the group id, if any); a leader checks every `transfer_check_ticks` whether to hand
+    over to it. Bounds: `max_queued_messages` and `max_queued_bytes` per peer (beyond
+    them a message is dropped), `max_payload_bytes` per payload (past the first
+    message), `max_inbox` received messages waiting for the pump.
     """
 
     def __init__(
