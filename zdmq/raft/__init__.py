@@ -4,7 +4,9 @@ Nothing here opens a socket or a file or reads a clock; a driver moves messages 
 persists each `Ready`. zdmq/raft/sim.py drives several cores over a simulated network
 and disk to check Raft's safety properties under faults, from a replayable seed.
 zdmq/raft/sqlite_storage.py (imported on its own) is the durable log: every group of a
-node in one SQLite file, many groups' `Ready`s in one commit.
+node in one SQLite file, many groups' `Ready`s in one commit. zdmq/raft/driver.py
+(imported on its own too) is the I/O around the cores: `RaftHost` runs every group of a
+node on asyncio, persisting their `Ready`s together and batching their messages per peer.
 """
 
 from zdmq.raft.core import Message, MsgType, NotLeader, Progress, RaftCore, Ready, Role

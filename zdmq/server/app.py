@@ -41,6 +41,7 @@ from zdmq.errors import (
     MessageTooLarge,
     Misrouted,
     NodeUnavailable,
+    RouteNotFound,
     Unauthorized,
     ZdmqError,
 )
@@ -770,6 +771,20 @@ async def internal_register(request: Request) -> Response:
     return _json(await request.app[NODE].sweep(node_id, queues, known, repair=False))
 
 
+async def internal_raft(request: Request) -> Response:
+    """Raft messages from another node for this node's Raft groups (zdmq/raft/driver.py):
+    204 once queued; a payload that is not well formed, or holds a message that is not
+    from the calling node, is 400 and changes nothing; 404 on a node that runs no Raft
+    groups, 503 once its Raft host is stopped."""
+    host = getattr(request.app[NODE], "raft", None)
+    if host is None:
+        raise RouteNotFound(f"{request.app[NODE].id} runs no Raft groups")
+    # The calling node, as its (checked) credential names it: it speaks only for itself.
+    caller = request.headers.get(NODE_AUTH_HEADER, "").partition(":")[0]
+    host.receive(request.body, sender=caller)
+    return Response(status=204)
+
+
 # ---- the application ----------------------------------------------------------------------
 # Who may call each route: OPEN (anyone), NODE_ONLY (another node), ANY_CLIENT (any
 # valid token), or the right a token needs on the route's queue (docs/api.md).
@@ -923,4 +938,5 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/internal/register", internal_register, NODE_ONLY),
     ("POST", "/v1/internal/unregister", internal_unregister, NODE_ONLY),
     ("POST", "/v1/internal/ready", internal_ready, NODE_ONLY),
+    ("POST", "/v1/internal/raft", internal_raft, NODE_ONLY),
 )

@@ -1,0 +1,692 @@
+"""zdmq.raft.driver: real `RaftHost`s in one process, each with its own SQLite log file.
+
+Most tests connect the hosts with an in-process transport that still carries every
+payload through `encode_messages` / `receive`; a test's `net` drops what crosses a
+partition or goes to a stopped node (the send raises, as a refused connection does).
+The HTTP tests serve the real `/v1/internal/raft` route (zdmq/server/app.py, behind its
+node-credential check) on zdmq's own server on 127.0.0.1 ephemeral ports and send with
+`http_sender` over a signing `HttpPool`. Groups follow the placement: with N nodes there
+are N groups, group `nK` holds the replication-3 window starting at node `nK`, which is
+its preferred leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import orjson
+import pytest
+
+from zdmq import _http
+from zdmq.auth import NodeSigner, NodeVerifier
+from zdmq.errors import NodeUnavailable
+from zdmq.raft import Entry, Message, MsgType, NotLeader, Role
+from zdmq.raft.driver import (
+    RAFT_PATH,
+    BadRaftPayload,
+    RaftHost,
+    RaftHostStopped,
+    UnknownGroup,
+    decode_messages,
+    encode_messages,
+    http_sender,
+)
+from zdmq.raft.sqlite_storage import Durability, RaftLogStore
+from zdmq.server import app as app_module
+from zdmq.server.http import App, serve_app
+
+TICK_S = 0.02
+WAIT_S = 10.0  # bound on any single wait; a healthy run takes a fraction of it
+SECRET = b"s" * 32
+
+
+async def until(pred: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> float:
+    """Waits until `pred()` holds; returns the seconds it took."""
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(TICK_S / 2)
+    return time.monotonic() - t0
+
+
+def ring_groups(ids: list[str], replication: int = 3) -> dict[str, list[str]]:
+    """Group id -> members: the window of `replication` nodes starting at each node."""
+    n = len(ids)
+    return {ids[g]: [ids[(g + k) % n] for k in range(min(replication, n))] for g in range(n)}
+
+
+class Cluster:
+    """N hosts over an in-process transport (or HTTP), with a state machine per node
+    that records every applied entry and survives restarts."""
+
+    def __init__(
+        self, tmp: Path, n: int, *, durability: Durability = "os", seed: int = 1, **host_kw: Any
+    ) -> None:
+        self.tmp = tmp
+        self.ids = [f"n{i}" for i in range(n)]
+        self.groups = ring_groups(self.ids)
+        self.durability = durability
+        self.seed = seed
+        self.host_kw = {"tick_s": TICK_S, **host_kw}
+        self.hosts: dict[str, RaftHost] = {}
+        self.stores: dict[str, RaftLogStore] = {}
+        self.starts: dict[str, int] = dict.fromkeys(self.ids, 0)
+        # node -> group -> entries applied, in order (the state machine, kept durably).
+        self.applied: dict[str, dict[str, list[Entry]]] = {i: {} for i in self.ids}
+        self.sides: dict[str, int] | None = None  # a partition: node -> side
+        self.poisoned: set[str] = set()  # nodes whose apply raises on b"poison"
+        self.send_for: Callable[[str], Callable[[str, bytes], Any]] = self._local_send
+
+    def member_groups(self, node: str) -> dict[str, list[str]]:
+        return {g: ms for g, ms in self.groups.items() if node in ms}
+
+    # -- the in-process transport
+    def _local_send(self, src: str) -> Callable[[str, bytes], Any]:
+        async def send(peer: str, payload: bytes) -> None:
+            if self.sides is not None and self.sides[src] != self.sides[peer]:
+                raise ConnectionError("partitioned")
+            host = self.hosts.get(peer)
+            if host is None:
+                raise ConnectionRefusedError(f"{peer} is down")
+            host.receive(payload)
+
+        return send
+
+    def _apply(self, node: str) -> Callable[[str, Entry], Any]:
+        def apply(group: str, e: Entry) -> Any:
+            if e.data == b"poison" and node in self.poisoned:
+                raise ValueError("the state machine cannot take this")
+            done = self.applied[node].setdefault(group, [])
+            assert e.index == len(done) + 1, (node, group, e.index, len(done))
+            done.append(e)
+            return (node, e.index, e.data)
+
+        return apply
+
+    def start(self, node: str) -> RaftHost:
+        assert node not in self.hosts
+        self.starts[node] += 1
+        store = self.stores[node] = RaftLogStore(self.tmp / f"{node}.sqlite3", self.durability)
+        host = RaftHost(
+            node,
+            self.member_groups(node),
+            store,
+            self.send_for(node),
+            self._apply(node),
+            {g: len(es) for g, es in self.applied[node].items()},
+            rng=random.Random(f"{self.seed}/{node}/{self.starts[node]}"),
+            **self.host_kw,
+        )
+        self.hosts[node] = host
+        host.start()
+        return host
+
+    async def stop(self, node: str) -> None:
+        host = self.hosts.pop(node)
+        await host.stop()
+        self.stores.pop(node).close()
+
+    async def close(self) -> None:
+        for node in list(self.hosts):
+            await self.stop(node)
+
+    # -- views
+    def leader_of(self, group: str) -> str | None:
+        """The member that leads `group` and that every running member follows, or None."""
+        up = [n for n in self.groups[group] if n in self.hosts and self.hosts[n].running]
+        leaders = [n for n in up if self.hosts[n].is_leader(group)]
+        if len(leaders) != 1:
+            return None
+        lead = leaders[0]
+        ok = all(
+            self.hosts[n].leader(group)[0] == lead
+            for n in up
+            if self.sides is None or self.sides[n] == self.sides[lead]
+        )
+        return lead if ok else None
+
+    def datas(self, node: str, group: str) -> list[bytes]:
+        return [e.data for e in self.applied[node].get(group, []) if e.data is not None]
+
+    def converged(self, group: str, want: int) -> bool:
+        """Every member applied the same `want` proposals of `group`."""
+        seqs = [self.datas(n, group) for n in self.groups[group]]
+        return len(seqs[0]) == want and all(s == seqs[0] for s in seqs)
+
+    async def preferred_leaders(self) -> float:
+        """Waits until every group is led by its preferred node and every member has
+        applied that leader's empty entry."""
+        return await until(
+            lambda: all(
+                self.leader_of(g) == g
+                and all(
+                    len(self.applied[n].get(g, [])) >= self.hosts[g].commit_index(g)
+                    for n in self.groups[g]
+                )
+                for g in self.groups
+            ),
+            "every group led by its preferred node, its empty entry applied",
+        )
+
+
+@asynccontextmanager
+async def cluster(tmp: Path, n: int = 3, **kw: Any) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp, n, **kw)
+    try:
+        for node in c.ids:
+            c.start(node)
+        yield c
+    finally:
+        await c.close()
+
+
+async def propose_on_leader(c: Cluster, group: str, data: bytes) -> Any:
+    lead = c.leader_of(group)
+    assert lead is not None, f"no leader of {group}"
+    return await c.hosts[lead].propose(group, data)
+
+
+# ---- wire encoding ---------------------------------------------------------------------------
+def test_messages_round_trip_through_a_payload() -> None:
+    msgs = [
+        ("g1", Message(MsgType.HEARTBEAT, "a", "b", 3, commit=7)),
+        (
+            "g2",
+            Message(
+                MsgType.APPEND,
+                "a",
+                "b",
+                5,
+                index=4,
+                log_term=2,
+                entries=(Entry(2, 5, b"x"), Entry(5, 6, None), Entry(5, 7, b"\x00" * 300)),
+                commit=4,
+            ),
+        ),
+        (
+            "g1",
+            Message(
+                MsgType.APPEND_RESP, "b", "a", 5, index=9, reject=True, reject_hint=3, log_term=2
+            ),
+        ),
+        ("g3", Message(MsgType.VOTE, "a", "b", 6, index=7, log_term=5, force=True)),
+    ]
+    assert decode_messages(encode_messages(msgs)) == msgs
+    assert decode_messages(encode_messages([])) == []
+
+
+def _raw(*items: Any) -> bytes:
+    return msgpack.packb(list(items), use_bin_type=True)
+
+
+def _good(**over: Any) -> list[Any]:
+    m = ["g", 4, "a", "b", 5, 4, 2, [[2, 5, b"x"]], 4, False, 0, False]  # an APPEND
+    for k, v in over.items():
+        m[
+            [
+                "group",
+                "type",
+                "src",
+                "dst",
+                "term",
+                "index",
+                "log_term",
+                "entries",
+                "commit",
+                "reject",
+                "hint",
+                "force",
+            ].index(k)
+        ] = v
+    return m
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"\xc1",  # a byte msgpack never uses
+        b"\x92\x01",  # an array cut short
+        msgpack.packb({"a": 1}),
+        _raw([1, 2, 3]),
+        _raw(_good(type=99)),
+        _raw(_good(term=-1)),
+        _raw(_good(term=True)),
+        _raw(_good(index=2**64 - 1)),
+        _raw(_good(group=7)),
+        _raw(_good(reject=0)),
+        _raw(_good(entries=[[2, 7, b"x"]])),  # not right after `index`
+        _raw(_good(entries=[[9, 5, b"x"]])),  # a term after the message's
+        _raw(_good(entries=[[1, 5, b"x"]])),  # a term before log_term
+        _raw(_good(entries=[[2, 5, "text"]])),
+        _raw(_good(entries=[[2, 5]])),
+        _raw(_good(entries={})),
+        _raw([*_good(), 0]),
+    ],
+)
+def test_a_malformed_payload_is_refused_by_the_decoder(payload: bytes) -> None:
+    with pytest.raises(BadRaftPayload) as info:
+        decode_messages(payload)
+    assert info.value.status == 400
+
+
+# ---- elections and proposals -----------------------------------------------------------------
+async def test_every_group_elects_its_preferred_leader(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        for g in c.groups:
+            assert c.hosts[g].role(g) is Role.LEADER
+            assert {c.hosts[n].leader(g)[0] for n in c.groups[g]} == {g}
+    async with cluster(tmp_path / "five", 5) as c:
+        await c.preferred_leaders()
+        assert sum(h.counters["elections_won"] for h in c.hosts.values()) >= 5
+
+
+async def test_proposals_apply_in_one_order_on_every_member_and_answer_the_proposer(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        per_group = 40
+        calls = [(g, f"{g}-{k}".encode()) for k in range(per_group) for g in c.groups]
+        results = await asyncio.gather(*(c.hosts[g].propose(g, d) for g, d in calls))
+        for (g, data), (node, index, applied_data) in zip(calls, results, strict=True):
+            assert node == g and applied_data == data  # apply's return, on the proposer
+            assert c.applied[g][g][index - 1].data == data
+        for g in c.groups:
+            await until(lambda g=g: c.converged(g, per_group), f"{g} applied everywhere")
+            # Each group's proposals in the order each proposer made them.
+            assert c.datas(g, g) == [f"{g}-{k}".encode() for k in range(per_group)]
+            entries = [c.applied[n][g] for n in c.groups[g]]
+            assert all(e == entries[0] for e in entries)  # empty entries too, same terms
+
+
+async def test_propose_on_a_follower_raises_not_leader_with_the_leader_hint(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        with pytest.raises(NotLeader) as info:
+            c.hosts["n1"].propose("n0", b"x")
+        assert info.value.leader == "n0"
+        assert info.value.term == c.hosts["n0"].leader("n0")[1]
+        with pytest.raises(UnknownGroup):
+            c.hosts["n1"].propose("nope", b"x")
+        with pytest.raises(KeyError):
+            c.hosts["n1"].leader("nope")
+
+
+async def test_a_stopped_member_is_replaced_and_catches_up_on_restart_without_applying_twice(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        for k in range(10):
+            await propose_on_leader(c, "n0", b"before-%d" % k)
+        await c.stop("n0")
+        # Another member takes group n0 over within a few election timeouts.
+        took = await until(
+            lambda: c.leader_of("n0") in ("n1", "n2"), "a new leader of n0", timeout_s=3.0
+        )
+        assert took < 3.0
+        for k in range(20):
+            await propose_on_leader(c, "n0", b"during-%d" % k)
+            await propose_on_leader(c, "n1", b"n1-during-%d" % k)
+        before = {g: len(c.applied["n0"].get(g, [])) for g in c.groups}
+        assert before["n0"] >= 11  # its empty entry and 10 proposals, at least
+        c.start("n0")
+        await until(lambda: c.converged("n0", 30) and c.converged("n1", 20), "n0 catches up")
+        # The restarted host applied only what came after what its state machine held.
+        assert all(len(c.datas("n0", g)) == len(set(c.datas("n0", g))) for g in c.groups)
+        assert c.datas("n0", "n0")[:10] == [b"before-%d" % k for k in range(10)]
+        # And leadership of n0 goes back to its preferred node.
+        await until(lambda: c.leader_of("n0") == "n0", "n0 leads n0 again")
+        assert await propose_on_leader(c, "n0", b"after") is not None
+        assert sum(h.counters["transfers"] for h in c.hosts.values()) >= 1
+
+
+async def test_a_minority_side_commits_nothing_and_its_leader_steps_down(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 5) as c:
+        await c.preferred_leaders()
+        # Groups n3 = {n3, n4, n0} and n4 = {n4, n0, n1}: with {n0, n1} cut off from the
+        # rest, n3's leader is on the majority side, n4's is alone with no quorum.
+        for g in c.groups:
+            await propose_on_leader(c, g, b"first")
+        c.sides = {"n0": 0, "n1": 0, "n2": 1, "n3": 1, "n4": 1}
+        lost = c.hosts["n4"].propose("n4", b"lost")  # taken, never committed on this side
+        n4_commit = c.hosts["n4"].commit_index("n4")
+        # CheckQuorum: the cut-off leader steps down; its pending proposal fails.
+        await until(lambda: not c.hosts["n4"].is_leader("n4"), "n4 steps down", timeout_s=3.0)
+        with pytest.raises(NotLeader):
+            await asyncio.wait_for(lost, WAIT_S)
+        assert c.hosts["n4"].commit_index("n4") == n4_commit
+        # The side with the majority of n4's group ({n0, n1}) elects and commits.
+        await until(lambda: c.leader_of("n4") in ("n0", "n1"), "n4 gets a leader on n0's side")
+        await propose_on_leader(c, "n4", b"majority")
+        # Group n3 keeps its leader and commits without n0.
+        assert c.leader_of("n3") == "n3"
+        await propose_on_leader(c, "n3", b"without n0")
+        # The minority member committed nothing of it.
+        assert b"majority" not in c.datas("n4", "n4")
+        assert c.hosts["n4"].commit_index("n4") == n4_commit
+        with pytest.raises(NotLeader):
+            c.hosts["n4"].propose("n4", b"x")
+        # Healed: n4 takes the majority's log (its lost entry overwritten) and leads again.
+        c.sides = None
+        await until(lambda: c.leader_of("n4") == "n4", "n4 leads n4 again")
+        await until(lambda: c.converged("n4", 2) and c.converged("n3", 2), "healed and converged")
+        assert c.datas("n4", "n4") == [b"first", b"majority"]
+
+
+# ---- faults of input and of the state machine ------------------------------------------------
+async def test_a_malformed_payload_raises_the_typed_error_and_the_host_keeps_working(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        host = c.hosts["n1"]
+        bad = [
+            b"\xc1garbage",
+            encode_messages([("unknown", Message(MsgType.HEARTBEAT, "n0", "n1", 1))]),
+            encode_messages([("n0", Message(MsgType.HEARTBEAT, "n0", "n2", 1))]),  # not for n1
+            encode_messages([("n0", Message(MsgType.HEARTBEAT, "n1", "n1", 1))]),  # from itself
+            encode_messages([("n1", Message(MsgType.HEARTBEAT, "n4", "n1", 1))]),  # no member
+        ]
+        received = host.counters["messages_received"]
+        for payload in bad:
+            with pytest.raises(BadRaftPayload):
+                host.receive(payload)
+        assert host.counters["messages_received"] == received
+        # A payload with one bad message among good ones is refused whole.
+        mixed = encode_messages(
+            [
+                ("n0", Message(MsgType.HEARTBEAT, "n0", "n1", 999)),
+                ("nope", Message(MsgType.HEARTBEAT, "n0", "n1", 999)),
+            ]
+        )
+        with pytest.raises(BadRaftPayload):
+            host.receive(mixed)
+        # A message whose sender is not the node the payload came from.
+        forged = encode_messages([("n0", Message(MsgType.HEARTBEAT, "n2", "n1", 999))])
+        with pytest.raises(BadRaftPayload):
+            host.receive(forged, sender="n0")
+        assert host.running and host.failed is None
+        assert all(host.leader(g)[1] < 999 for g in host.groups)
+        assert await propose_on_leader(c, "n0", b"still works") is not None
+        await until(lambda: c.converged("n0", 1), "the proposal applied everywhere")
+
+
+async def test_an_apply_that_raises_stops_the_host_rather_than_skip_an_entry(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        applied = len(c.applied["n2"]["n0"])
+        c.poisoned.add("n2")
+        await propose_on_leader(c, "n0", b"poison")  # the others apply it
+        await until(lambda: c.hosts["n2"].failed is not None, "n2's host fails")
+        h = c.hosts["n2"]
+        assert "ValueError" in (h.failed or "") and not h.running
+        assert len(c.applied["n2"]["n0"]) == applied  # nothing after it applied either
+        with pytest.raises(RaftHostStopped):
+            h.propose("n2", b"x")
+        with pytest.raises(RaftHostStopped):
+            h.receive(encode_messages([]))
+        # The others carry on: each group keeps a quorum without n2.
+        await until(lambda: c.leader_of("n2") in ("n0", "n1"), "n2's group moves")
+        await propose_on_leader(c, "n2", b"on")
+
+
+async def test_a_storage_failure_stops_the_host_and_fails_its_proposals(tmp_path: Path) -> None:
+    applied: list[Entry] = []
+
+    async def nowhere(peer: str, payload: bytes) -> None:
+        raise AssertionError("a group of one sends nothing")
+
+    store = RaftLogStore(tmp_path / "solo.sqlite3", "fsync")
+    host = RaftHost("a", {"a": ["a"]}, store, nowhere, lambda g, e: applied.append(e) or e.index)
+    host.start()
+    try:
+        await until(lambda: host.is_leader("a"), "a group of one elects its member")
+        assert await host.propose("a", b"one") == 2  # after the leader's empty entry
+        store.failed = "the disk is gone"  # what the store sets when a commit fails
+        with pytest.raises(RaftHostStopped):
+            await asyncio.wait_for(host.propose("a", b"two"), WAIT_S)
+        assert host.failed is not None and "RaftStorageFailed" in host.failed
+        assert [e.data for e in applied] == [None, b"one"]
+        with pytest.raises(RaftHostStopped):
+            host.propose("a", b"three")
+    finally:
+        await host.stop()
+        store.close()
+
+
+async def test_a_peers_queue_is_bounded_and_failed_sends_are_counted(tmp_path: Path) -> None:
+    gate = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def stuck(peer: str, payload: bytes) -> None:
+        sent.append(payload)
+        await gate.wait()  # the first send never ends: everything else queues
+        raise ConnectionError("gone")
+
+    store = RaftLogStore(tmp_path / "a.sqlite3", "os")
+    host = RaftHost(
+        "a",
+        {"a": ["a", "b", "c"]},
+        store,
+        stuck,
+        lambda g, e: None,
+        tick_s=TICK_S,
+        election_ticks=2,
+        max_queued_messages=5,
+    )
+    host.start()
+    try:
+        await until(lambda: host.counters["messages_dropped"] > 0, "a drop over the bound")
+        assert len(sent) == 2  # one send in flight per peer, no more
+        for peer in host._peers.values():
+            assert len(peer.queue) <= 5
+        gate.set()
+        await until(lambda: host.counters["send_failures"] >= 2, "the failed sends counted")
+    finally:
+        await host.stop()
+        store.close()
+
+
+# ---- group commit ----------------------------------------------------------------------------
+async def test_concurrent_proposals_across_groups_share_few_store_commits(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        batches0 = {n: h.counters["fsync_batches"] for n, h in c.hosts.items()}
+        commits0 = {n: c.stores[n].commits for n in c.ids}
+        n = 600
+        calls = [(c.ids[k % 3], b"p%d" % k) for k in range(n)]
+        await asyncio.gather(*(c.hosts[g].propose(g, d) for g, d in calls))
+        for g in c.groups:
+            await until(lambda g=g: c.converged(g, n // 3), f"{g} applied everywhere")
+        batches = sum(h.counters["fsync_batches"] - batches0[i] for i, h in c.hosts.items())
+        commits = sum(c.stores[i].commits - commits0[i] for i in c.ids)
+        assert batches == commits  # every store commit is one of the host's batches
+        # Each of the 600 entries is persisted on 3 nodes: 1800 writes, in far fewer commits.
+        print(f"\n{n} proposals: {commits} store commits, {batches} batches")
+        assert commits < n / 4, commits
+
+
+# ---- over HTTP -------------------------------------------------------------------------------
+class HttpNet:
+    """Each node's `/v1/internal/raft` served by zdmq's server on a loopback port, and a
+    signing pool per node."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.socks: dict[str, socket.socket] = {}
+        self.urls: dict[str, str] = {}
+        self.apps: dict[str, App] = {}
+        self.stops: dict[str, asyncio.Event] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.pools: dict[str, _http.HttpPool] = {}
+        [(method, handler, need)] = [
+            (m, h, need) for m, p, h, need in app_module.ROUTES if p == RAFT_PATH
+        ]
+        assert (method, need) == ("POST", app_module.NODE_ONLY)
+        verifier = NodeVerifier(SECRET, tuple(c.ids))
+        for node in c.ids:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(128)
+            sock.setblocking(False)
+            self.socks[node] = sock
+            self.urls[node] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+            app = self.apps[node] = App(max_body=16 * 1024 * 1024)
+            app[app_module.NODE] = SimpleNamespace(id=node, raft=None)
+            app.route("POST", RAFT_PATH, app_module._guarded(handler, need, verifier, None))
+            self.pools[node] = _http.HttpPool(sign=NodeSigner(SECRET, node), timeout_s=2.0)
+        c.send_for = lambda node: http_sender(self.pools[node], self.urls)
+        self._start = c.start
+
+        def start(node: str) -> RaftHost:
+            host = self._start(node)
+            self.apps[node][app_module.NODE].raft = host
+            return host
+
+        c.start = start  # type: ignore[method-assign]
+
+    async def serve(self) -> None:
+        for node in self.c.ids:
+            up = asyncio.Event()
+            self.stops[node] = asyncio.Event()
+            self.tasks.append(
+                asyncio.create_task(
+                    serve_app(self.apps[node], self.socks[node], self.stops[node], ready=up.set)
+                )
+            )
+            await asyncio.wait_for(up.wait(), WAIT_S)
+
+    async def close(self) -> None:
+        for stop in self.stops.values():
+            stop.set()
+        await asyncio.gather(*self.tasks)
+        for pool in self.pools.values():
+            await pool.close()
+
+
+@asynccontextmanager
+async def http_cluster(tmp: Path, n: int = 3, **kw: Any) -> AsyncIterator[tuple[Cluster, HttpNet]]:
+    c = Cluster(tmp, n, **kw)
+    net = HttpNet(c)
+    await net.serve()
+    try:
+        for node in c.ids:
+            c.start(node)
+        yield c, net
+    finally:
+        await c.close()
+        await net.close()
+
+
+async def test_hosts_over_http_with_fsync_elect_commit_and_refuse_bad_calls(
+    tmp_path: Path,
+) -> None:
+    async with http_cluster(tmp_path, 3, durability="fsync") as (c, net):
+        await c.preferred_leaders()
+        results = await asyncio.gather(
+            *(
+                c.hosts[g].propose(g, b"%s-%d" % (g.encode(), k))
+                for k in range(20)
+                for g in c.groups
+            )
+        )
+        assert all(r[0] in c.ids for r in results)
+        for g in c.groups:
+            await until(lambda g=g: c.converged(g, 20), f"{g} applied everywhere")
+        assert all(h.counters["payloads_sent"] > 0 for h in c.hosts.values())
+        url = net.urls["n1"] + RAFT_PATH
+        pool = net.pools["n0"]
+        # A malformed payload: 400 with zdmq's error body; the host goes on.
+        reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=b"\xc1\xc1")
+        assert reply.status == 400
+        assert orjson.loads(reply.body)["error"]["code"] == "bad_request"
+        # No node credential: 401 (and nothing reaches the host).
+        plain = _http.HttpPool()
+        try:
+            reply = await plain.request("POST", net.urls["n1"], RAFT_PATH, data=b"\x90")
+            assert reply.status == 401
+        finally:
+            await plain.close()
+        # A node without a Raft host: 404 with the error body.
+        net.apps["n1"][app_module.NODE].raft = None
+        try:
+            reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=b"\x90")
+            assert reply.status == 404
+            assert orjson.loads(reply.body)["error"]["code"] == "not_found"
+        finally:
+            net.apps["n1"][app_module.NODE].raft = c.hosts["n1"]
+        # A message that is not from the calling node (n0 speaking for n2): 400.
+        forged = encode_messages([("n1", Message(MsgType.HEARTBEAT, "n2", "n1", 999))])
+        reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=forged)
+        assert reply.status == 400
+        assert c.hosts["n1"].leader("n1")[1] < 999
+        await _http.call(pool, "POST", url, data=encode_messages([]))  # 204
+        assert await propose_on_leader(c, "n1", b"after") is not None
+        # A stopped node: its peers' sends fail (503 from the route), they carry on.
+        await c.stop("n2")
+        await until(lambda: c.leader_of("n2") in ("n0", "n1"), "n2's group moves")
+        await propose_on_leader(c, "n2", b"without n2")
+        assert c.hosts["n0"].counters["send_failures"] > 0
+
+
+async def test_a_stopped_hosts_route_answers_503(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, 3)
+    store = RaftLogStore(tmp_path / "x.sqlite3", "os")
+    host = RaftHost("n0", c.groups, store, c._local_send("n0"), lambda g, e: None)
+    try:
+        with pytest.raises(RaftHostStopped) as info:
+            host.receive(encode_messages([]))  # never started
+        assert isinstance(info.value, NodeUnavailable) and info.value.status == 503
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("proposers", [1, 64])
+async def test_throughput_over_http_with_fsync(tmp_path: Path, proposers: int) -> None:
+    """Proposals/s committed by 3 hosts x 3 groups over HTTP with fsync, with
+    `proposers` callers per group each proposing one at a time, and the mean entries per
+    store commit (printed; run with -s)."""
+    async with http_cluster(tmp_path, 3, durability="fsync", tick_s=0.1) as (c, _):
+        await c.preferred_leaders()
+        stop_at = time.monotonic() + 5.0
+        done = 0
+
+        async def proposer(g: str, k: int) -> None:
+            nonlocal done
+            i = 0
+            while time.monotonic() < stop_at:
+                await c.hosts[g].propose(g, b"%d-%d-" % (k, i) + b"x" * 100)
+                done += 1
+                i += 1
+
+        commits0 = {n: c.stores[n].commits for n in c.ids}
+        entries0 = {n: h.counters["entries_persisted"] for n, h in c.hosts.items()}
+        t0 = time.monotonic()
+        await asyncio.gather(*(proposer(g, k) for g in c.groups for k in range(proposers)))
+        dt = time.monotonic() - t0
+        commits = sum(c.stores[n].commits - commits0[n] for n in c.ids)
+        entries = sum(h.counters["entries_persisted"] - entries0[n] for n, h in c.hosts.items())
+        print(
+            f"\n{proposers} proposer(s) per group: {done / dt:,.0f} proposals/s committed; "
+            f"{commits} store commits, {entries / max(commits, 1):.1f} entries per commit, "
+            f"{commits / dt / 3:.0f} commits/s per node"
+        )
+        assert done / dt > 50

@@ -1,0 +1,713 @@
+"""`RaftHost`: the asyncio driver of every Raft group one node takes part in.
+
+A node runs one Raft group per ring window of the placement, so it is a member of
+several groups at once. The host owns one `RaftCore` per group, their logs (all in one
+`RaftLogStore` file), a ticker and a transport, and knows nothing of what the entries
+mean: a committed entry is handed to the `apply` callback, in log order, once.
+
+The pump. Every input (a tick, a batch of messages from a peer, a proposal) goes into
+the host's inbox and wakes the pump: an event, so many inputs in one loop turn wake it
+once. One pump round:
+
+  1. feeds the inbox to the cores: messages, then proposals, then ticks (messages
+     first, so heartbeats that queued during a slow fsync count before the ticks that
+     queued with them);
+  2. takes `ready()` from every core that `has_ready()`;
+  3. persists all of them in ONE `store.batch()` (one transaction, one fsync), in a
+     worker thread (`asyncio.to_thread`), so the fsync does not block the loop; inputs
+     that arrive meanwhile wait in the inbox and go into the next round, which is what
+     makes one fsync carry many proposals of many groups (group commit);
+  4. hands each round's messages to the transport, per peer;
+  5. applies the committed entries (`apply`), resolving the proposals they answer;
+  6. `advance`s every core it took a `Ready` from;
+
+and repeats while any core has more. Rounds with nothing to persist (heartbeats, their
+answers) skip the thread and the store.
+
+Why the cores see no input between `ready()` and `advance()`. `RaftCore` itself would
+take a `step` there (`advance` marks only what that `Ready` held as persisted, checking
+the term of the last entry, as etcd's raft does), but a core reads its `GroupLog` while
+it steps, and during step 3 the worker thread is writing that `GroupLog` (its SQLite
+connection and in-memory caches, which are not safe to read while being written). So
+the cores are only ever touched by the pump, on the loop, outside the persist: inputs
+wait in the inbox until the round's `advance`. A second `ready()` before `advance()`
+cannot happen either, since one round takes one `Ready` per core and advances it.
+
+The transport. All messages of all groups for one peer that a round produces go in one
+payload (msgpack, `encode_messages`); at most one send per peer is in flight, and what
+queues meanwhile goes in the next payload. A peer's queue is bounded (messages and
+bytes); beyond it messages are dropped, as are those of a send that fails: Raft
+retransmits what matters (heartbeats, probes after a rejection), so loss costs time, not
+safety. `receive(payload)` decodes and checks a whole payload, then queues it; a payload
+that is not well formed, or names a group this node is not in, raises `BadRaftPayload`
+(400 on the HTTP route) and changes nothing.
+
+Leadership. A node that is its group's preferred leader campaigns as soon as its host
+starts; and every few ticks a leader that is not its group's preferred leader hands
+leadership to it (`transfer_leadership`) once the preferred node is caught up (its
+matched index is the leader's last) and was heard from in the current quorum round. So
+leadership spreads one group per node and comes back to a node that restarts.
+
+An `apply` that raises is a bug in the state machine: the host logs it, marks itself
+failed (`failed`) and stops; it never skips an entry. A storage failure stops it the
+same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import msgpack
+
+from zdmq import _http
+from zdmq.errors import BadRequest, NodeUnavailable
+from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
+from zdmq.raft.storage import Entry
+
+__all__ = [
+    "RAFT_PATH",
+    "BadRaftPayload",
+    "RaftHost",
+    "RaftHostStopped",
+    "UnknownGroup",
+    "decode_messages",
+    "encode_messages",
+    "http_sender",
+]
+
+log = logging.getLogger("zdmq.raft")
+
+#: The node-to-node route a payload is posted to.
+RAFT_PATH = "/v1/internal/raft"
+RAFT_CONTENT_TYPE = "application/vnd.zdmq.raft+msgpack"
+
+Send = Callable[[str, bytes], Awaitable[None]]
+Apply = Callable[[str, Entry], Any]
+
+# ---- wire encoding --------------------------------------------------------------------------
+# A payload is a msgpack array of messages; a message is the array
+#   [group, type, src, dst, term, index, log_term, entries, commit, reject, reject_hint, force]
+# with `type` a small integer (_TYPE_CODES) and `entries` an array of [term, index, data]
+# (data: bin, or nil for a leader's empty entry).
+
+_TYPE_CODES: dict[MsgType, int] = {t: i for i, t in enumerate(MsgType)}
+_CODE_TYPES: tuple[MsgType, ...] = tuple(MsgType)
+_FIELDS = 12
+_MAX_INT = 2**63 - 1
+
+
+class BadRaftPayload(BadRequest):
+    """A Raft payload that is not well formed, or is for a group or node it cannot be for."""
+
+
+class UnknownGroup(KeyError):
+    """A group this host is not a member of."""
+
+
+class RaftHostStopped(NodeUnavailable):
+    """The host is stopped (or failed): it takes no proposals and no messages."""
+
+
+def _pack_message(packer: msgpack.Packer, group: str, m: Message) -> bytes:
+    out: bytes = packer.pack(
+        [
+            group,
+            _TYPE_CODES[m.type],
+            m.src,
+            m.dst,
+            m.term,
+            m.index,
+            m.log_term,
+            [[e.term, e.index, e.data] for e in m.entries],
+            m.commit,
+            m.reject,
+            m.reject_hint,
+            m.force,
+        ]
+    )
+    return out
+
+
+def _join_payload(packer: msgpack.Packer, packed: Sequence[bytes]) -> bytes:
+    """One payload from messages packed one by one (`_pack_message`)."""
+    return bytes(packer.pack_array_header(len(packed))) + b"".join(packed)
+
+
+def encode_messages(messages: Sequence[tuple[str, Message]]) -> bytes:
+    """A payload of (group id, message) pairs."""
+    packer = msgpack.Packer(use_bin_type=True)
+    return _join_payload(packer, [_pack_message(packer, g, m) for g, m in messages])
+
+
+def _int(v: Any, what: str) -> int:
+    if type(v) is not int or not 0 <= v <= _MAX_INT:
+        raise BadRaftPayload(f"raft payload: {what}: expected a non-negative integer")
+    return v
+
+
+def _str(v: Any, what: str) -> str:
+    if type(v) is not str:
+        raise BadRaftPayload(f"raft payload: {what}: expected a string")
+    return v
+
+
+def _bool(v: Any, what: str) -> bool:
+    if type(v) is not bool:
+        raise BadRaftPayload(f"raft payload: {what}: expected a boolean")
+    return v
+
+
+def decode_messages(payload: bytes) -> list[tuple[str, Message]]:
+    """The (group id, message) pairs of a payload; `BadRaftPayload` unless every one is
+    well formed (types, and an append's entries contiguous after its `index`, of terms
+    between its `log_term` and its `term`)."""
+    try:
+        items = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+    except Exception as e:  # msgpack raises several types for bad input
+        raise BadRaftPayload(f"raft payload: not msgpack: {type(e).__name__}") from None
+    if type(items) is not list:
+        raise BadRaftPayload("raft payload: expected an array of messages")
+    out: list[tuple[str, Message]] = []
+    for k, item in enumerate(items):
+        where = f"messages[{k}]"
+        if type(item) is not list or len(item) != _FIELDS:
+            raise BadRaftPayload(f"raft payload: {where}: expected an array of {_FIELDS}")
+        group, code, src, dst, term, index, log_term, raw_entries, commit, rej, hint, force = item
+        code = _int(code, f"{where}.type")
+        if code >= len(_CODE_TYPES):
+            raise BadRaftPayload(f"raft payload: {where}.type: unknown type {code}")
+        term = _int(term, f"{where}.term")
+        index = _int(index, f"{where}.index")
+        log_term = _int(log_term, f"{where}.log_term")
+        if type(raw_entries) is not list:
+            raise BadRaftPayload(f"raft payload: {where}.entries: expected an array")
+        entries: list[Entry] = []
+        prev_term = log_term
+        for j, raw in enumerate(raw_entries):
+            if type(raw) is not list or len(raw) != 3:
+                raise BadRaftPayload(
+                    f"raft payload: {where}.entries[{j}]: expected [term, index, data]"
+                )
+            e_term = _int(raw[0], f"{where}.entries[{j}].term")
+            e_index = _int(raw[1], f"{where}.entries[{j}].index")
+            data = raw[2]
+            if data is not None and type(data) is not bytes:
+                raise BadRaftPayload(f"raft payload: {where}.entries[{j}].data: expected bytes")
+            if e_index != index + 1 + j or not prev_term <= e_term <= term:
+                raise BadRaftPayload(f"raft payload: {where}.entries[{j}]: out of sequence")
+            prev_term = e_term
+            entries.append(Entry(e_term, e_index, data))
+        out.append(
+            (
+                _str(group, f"{where}.group"),
+                Message(
+                    _CODE_TYPES[code],
+                    _str(src, f"{where}.src"),
+                    _str(dst, f"{where}.dst"),
+                    term,
+                    index=index,
+                    log_term=log_term,
+                    entries=tuple(entries),
+                    commit=_int(commit, f"{where}.commit"),
+                    reject=_bool(rej, f"{where}.reject"),
+                    reject_hint=_int(hint, f"{where}.reject_hint"),
+                    force=_bool(force, f"{where}.force"),
+                ),
+            )
+        )
+    return out
+
+
+def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: float = 1.0) -> Send:
+    """The `send` of a `RaftHost` over HTTP: POSTs a payload to `<url of peer>` +
+    `RAFT_PATH` through `pool` (a node's pool signs node auth). A failed call raises
+    (the host drops that payload)."""
+    headers = {"Content-Type": RAFT_CONTENT_TYPE}
+    targets = {peer: url.rstrip("/") + RAFT_PATH for peer, url in urls.items()}
+
+    async def send(peer: str, payload: bytes) -> None:
+        await _http.call(
+            pool, "POST", targets[peer], data=payload, headers=headers, timeout_s=timeout_s
+        )
+
+    return send
+
+
+# ---- the host -------------------------------------------------------------------------------
+
+
+class _Peer:
+    """A peer's outgoing messages: packed, waiting for the send in flight to end."""
+
+    __slots__ = ("queue", "queued_bytes", "task")
+
+    def __init__(self) -> None:
+        self.queue: list[bytes] = []
+        self.queued_bytes = 0
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Proposal:
+    __slots__ = ("data", "future", "group")
+
+    def __init__(self, group: str, data: bytes, future: asyncio.Future[Any]) -> None:
+        self.group = group
+        self.data = data
+        self.future = future
+
+
+class RaftHost:
+    """Drives the Raft groups `groups` (group id -> member node ids) of node `node_id`.
+
+    `store` holds every group's log (the host writes it; the caller opens and closes
+    it). `send(peer, payload)` carries a payload to a peer's `receive`. `apply(group,
+    entry)` is called for every committed entry after `applied[group]` (what the state
+    machine holds durably already), in log order, once per entry in the host's lifetime,
+    including the empty entry each leader appends when its term starts (`data` None), so
+    the state machine can record its applied index; its return value is the result of
+    the `propose` that made the entry, if it was made here.
+
+    Time is `tick_s` seconds a tick; a follower campaigns after 1 to 2 times
+    `election_ticks` without a leader, a leader heartbeats every `heartbeat_ticks`.
+    `preferred` maps a group to its preferred leader (default: the member whose id is
+    the group id, if any); a leader checks every `transfer_check_ticks` whether to hand
+    over to it. Bounds: `max_queued_messages` and `max_queued_bytes` per peer (beyond
+    them a message is dropped), `max_payload_bytes` per payload (past the first
+    message), `max_inbox` received messages waiting for the pump.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        groups: Mapping[str, Sequence[str]],
+        store: RaftLogStore,
+        send: Send,
+        apply: Apply,
+        applied: Mapping[str, int] | None = None,
+        *,
+        tick_s: float = 0.1,
+        election_ticks: int = 10,
+        heartbeat_ticks: int = 1,
+        rng: random.Random | None = None,
+        preferred: Mapping[str, str] | None = None,
+        transfer_check_ticks: int = 3,
+        max_queued_messages: int = 10_000,
+        max_queued_bytes: int = 32 * 1024 * 1024,
+        max_payload_bytes: int = 4 * 1024 * 1024,
+        max_inbox: int = 100_000,
+    ) -> None:
+        assert tick_s > 0 and transfer_check_ticks >= 1
+        self.node_id = node_id
+        self.tick_s = tick_s
+        self.store = store
+        self._send = send
+        self._apply = apply
+        self.transfer_check_ticks = transfer_check_ticks
+        self.max_queued_messages = max_queued_messages
+        self.max_queued_bytes = max_queued_bytes
+        self.max_payload_bytes = max_payload_bytes
+        self.max_inbox = max_inbox
+        rng = rng if rng is not None else random.Random()
+        applied = applied or {}
+        self.members: dict[str, tuple[str, ...]] = {}
+        self.preferred: dict[str, str | None] = {}
+        self._cores: dict[str, RaftCore] = {}
+        self._logs: dict[str, GroupLog] = {}
+        for gid, members in groups.items():
+            if node_id not in members:
+                raise ValueError(f"group {gid!r}: {node_id!r} is not one of its members")
+            self.members[gid] = tuple(members)
+            pref = preferred.get(gid) if preferred is not None else gid
+            self.preferred[gid] = pref if pref in members else None
+            self._logs[gid] = glog = store.group(gid)
+            self._cores[gid] = RaftCore(
+                node_id,
+                members,
+                glog,
+                rng,
+                election_ticks=election_ticks,
+                heartbeat_ticks=heartbeat_ticks,
+                applied=applied.get(gid, 0),
+            )
+        self._peers: dict[str, _Peer] = {
+            p: _Peer() for ms in self.members.values() for p in ms if p != node_id
+        }
+        self._packer = msgpack.Packer(use_bin_type=True)
+        # Inputs waiting for the pump (see the module docstring).
+        self._inbox: deque[tuple[str, Message]] = deque()
+        self._proposals: deque[_Proposal] = deque()
+        self._ticks = 0  # ticks not yet given to the cores
+        self._ticked = 0  # ticks given, in all
+        # Proposals made here awaiting their entry's apply: group -> index -> (term, future).
+        self._pending: dict[str, dict[int, tuple[int, asyncio.Future[Any]]]] = {
+            g: {} for g in groups
+        }
+        # The term each group is led by this member in, None while it is not leader.
+        self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
+        self._wake: asyncio.Event | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._tick_task: asyncio.Task[None] | None = None
+        self.running = False
+        self._started = False
+        #: Why the host stopped on its own (an `apply` that raised, a storage failure).
+        self.failed: str | None = None
+        #: For metrics; see the keys.
+        self.counters: dict[str, int] = dict.fromkeys(
+            (
+                "pumps",  # rounds that took at least one Ready
+                "fsync_batches",  # store batches (one commit each)
+                "entries_persisted",
+                "messages_sent",
+                "messages_received",
+                "messages_dropped",  # over a peer's queue bound, a failed send, a full inbox
+                "payloads_sent",
+                "send_failures",
+                "proposals",  # taken by a core as leader
+                "applied",
+                "elections_won",
+                "transfers",  # leadership handed to the preferred leader
+            ),
+            0,
+        )
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the ticker and the pump on the running loop; a node campaigns at once
+        for the groups it is the preferred leader of."""
+        assert not self._started, "a host starts once (make a new one to restart)"
+        self._started = self.running = True
+        self._wake = asyncio.Event()
+        for gid, core in self._cores.items():
+            if self.preferred[gid] == self.node_id:
+                core.campaign()
+        self._pump_task = asyncio.create_task(self._pump_loop(), name=f"raft-pump-{self.node_id}")
+        self._tick_task = asyncio.create_task(self._tick_loop(), name=f"raft-tick-{self.node_id}")
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stops ticking, lets a round in progress finish (its persist cannot be cut
+        short), cancels sends in flight and fails the proposals still waiting with
+        `RaftHostStopped`. The store stays open (the caller closes it)."""
+        self.running = False
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tick_task
+        if self._pump_task is not None and self._pump_task is not asyncio.current_task():
+            assert self._wake is not None
+            self._wake.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump_task
+        for peer in self._peers.values():
+            if peer.task is not None:
+                peer.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await peer.task
+            peer.queue.clear()
+            peer.queued_bytes = 0
+        self._fail_all(RaftHostStopped(f"the Raft host of {self.node_id} is stopped"))
+
+    def _fail_all(self, exc: Exception) -> None:
+        for p in self._proposals:
+            if not p.future.done():
+                p.future.set_exception(exc)
+        self._proposals.clear()
+        self._inbox.clear()
+        for pending in self._pending.values():
+            for _, fut in pending.values():
+                if not fut.done():
+                    fut.set_exception(exc)
+            pending.clear()
+
+    def _check_running(self) -> None:
+        if not self.running:
+            why = f": {self.failed}" if self.failed else ""
+            raise RaftHostStopped(f"the Raft host of {self.node_id} is stopped{why}")
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def propose(self, group: str, data: bytes) -> asyncio.Future[Any]:
+        """Proposes `data` to `group`; the future resolves to `apply`'s result once the
+        entry is applied here.
+
+        Raises `NotLeader(leader, term)` at once when this member is not the group's
+        leader, `UnknownGroup` for a group this node is not in, and `RaftHostStopped`.
+        The future fails with `NotLeader` when the entry is overwritten (another term at
+        its index) or this member stops being leader before the entry is committed, and
+        with `RaftHostStopped` if the host stops first. Such an entry may still commit
+        later (a new leader may hold it): the caller cannot know, so a retry must be
+        idempotent or the caller must accept a duplicate.
+        """
+        self._check_running()
+        core = self._core(group)
+        if core.role is not Role.LEADER:
+            raise NotLeader(core.leader, core.term)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._proposals.append(_Proposal(group, data, fut))
+        self._wakeup()
+        return fut
+
+    def receive(self, payload: bytes, sender: str | None = None) -> None:
+        """Takes a payload from a peer: checked whole (`BadRaftPayload`: not well formed,
+        a group this node is not in, a message not for this node, or not from another
+        member of its group, or, when `sender` names the node the payload came from (the
+        node credential of the HTTP call), not from `sender`), then queued for the pump.
+        `RaftHostStopped` when stopped."""
+        self._check_running()
+        msgs = decode_messages(payload)
+        for gid, m in msgs:
+            members = self.members.get(gid)
+            if members is None:
+                raise BadRaftPayload(f"raft payload: {self.node_id} is not in group {gid[:100]!r}")
+            if m.dst != self.node_id:
+                raise BadRaftPayload(
+                    f"raft payload: a message for {m.dst[:100]!r} reached {self.node_id}"
+                )
+            if m.src == self.node_id or m.src not in members:
+                raise BadRaftPayload(
+                    f"raft payload: {m.src[:100]!r} is not another member of group {gid!r}"
+                )
+            if sender is not None and m.src != sender:
+                raise BadRaftPayload(
+                    f"raft payload: a message from {m.src!r} sent by {sender[:100]!r}"
+                )
+        self.counters["messages_received"] += len(msgs)
+        room = self.max_inbox - len(self._inbox)
+        if len(msgs) > room:
+            self.counters["messages_dropped"] += len(msgs) - max(room, 0)
+            msgs = msgs[: max(room, 0)]
+        self._inbox.extend(msgs)
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self._ticks += 1
+            self._wakeup()
+
+    # -- what the host knows --------------------------------------------------------------
+
+    def _core(self, group: str) -> RaftCore:
+        core = self._cores.get(group)
+        if core is None:
+            raise UnknownGroup(group)
+        return core
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self._cores)
+
+    def leader(self, group: str) -> tuple[str | None, int]:
+        """(the leader this member knows of, or None; its current term)."""
+        core = self._core(group)
+        return core.leader, core.term
+
+    def is_leader(self, group: str) -> bool:
+        return self._core(group).role is Role.LEADER
+
+    def role(self, group: str) -> Role:
+        return self._core(group).role
+
+    def commit_index(self, group: str) -> int:
+        return self._core(group).log.committed
+
+    def last_index(self, group: str) -> int:
+        return self._core(group).log.last_index()
+
+    # -- the pump -------------------------------------------------------------------------
+
+    async def _pump_loop(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while self.running:
+            await wake.wait()
+            if not self.running:
+                return
+            try:
+                await self._pump()
+            except Exception as e:
+                self._die(f"{type(e).__name__}: {e}")
+                log.exception("Raft host %s failed", self.node_id)
+                return
+
+    def _die(self, why: str) -> None:
+        """Stops the host from inside the pump: a bug or a storage failure."""
+        self.failed = why
+        self.running = False
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+        for peer in self._peers.values():
+            if peer.task is not None:
+                peer.task.cancel()
+        self._fail_all(RaftHostStopped(f"the Raft host of {self.node_id} failed: {why}"))
+
+    async def _pump(self) -> None:
+        wake = self._wake
+        assert wake is not None
+        while self.running:
+            wake.clear()
+            self._feed()
+            work: list[tuple[str, RaftCore, Ready]] = [
+                (gid, core, core.ready()) for gid, core in self._cores.items() if core.has_ready()
+            ]
+            if not work:
+                return
+            self.counters["pumps"] += 1
+            writes = [(self._logs[gid], rd) for gid, _, rd in work if rd.entries or rd.hard_state]
+            if writes:
+                await asyncio.to_thread(self._persist, writes)
+                self.counters["fsync_batches"] += 1
+                self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
+            for gid, _, rd in work:
+                for m in rd.messages:
+                    self._enqueue(gid, m)
+            self._flush_peers()
+            for gid, _, rd in work:
+                if rd.committed:
+                    self._apply_entries(gid, rd.committed)
+            for _, core, rd in work:
+                core.advance(rd)
+            self._check_pending()
+
+    def _persist(self, writes: list[tuple[GroupLog, Ready]]) -> None:
+        """(In a worker thread.) Every group's Ready in one transaction and one fsync."""
+        with self.store.batch():
+            for glog, rd in writes:
+                glog.persist(rd)
+
+    def _feed(self) -> None:
+        """Gives the inbox to the cores: messages, proposals, then ticks."""
+        cores = self._cores
+        inbox = self._inbox
+        while inbox:
+            gid, m = inbox.popleft()
+            cores[gid].step(m)
+        proposals = self._proposals
+        while proposals:
+            p = proposals.popleft()
+            if p.future.done():  # the caller gave up
+                continue
+            core = cores[p.group]
+            try:
+                index = core.propose(p.data)
+            except NotLeader as e:
+                p.future.set_exception(e)
+                continue
+            self.counters["proposals"] += 1
+            self._pending[p.group][index] = (core.term, p.future)
+        ticks, self._ticks = self._ticks, 0
+        for _ in range(ticks):
+            for core in cores.values():
+                core.tick()
+            self._ticked += 1
+            if self._ticked % self.transfer_check_ticks == 0:
+                self._hand_to_preferred()
+        self._check_pending()
+
+    def _hand_to_preferred(self) -> None:
+        for gid, core in self._cores.items():
+            pref = self.preferred[gid]
+            if core.role is not Role.LEADER or pref is None or pref == self.node_id:
+                continue
+            pr = core.progress.get(pref)
+            if pr is not None and pr.active and pr.match == core.log.last_index():
+                log.debug("%s hands group %s to its preferred leader %s", self.node_id, gid, pref)
+                core.transfer_leadership(pref)
+                self.counters["transfers"] += 1
+
+    def _check_pending(self) -> None:
+        """Counts elections won, and fails the proposals this member can no longer
+        commit: once it stops leading the term they were made in, those past the commit
+        index (those at or below it are committed and resolve when applied)."""
+        for gid, core in self._cores.items():
+            lead_term = core.term if core.role is Role.LEADER else None
+            if lead_term == self._lead_term[gid]:
+                continue  # every pending proposal was made in this term: all still live
+            self._lead_term[gid] = lead_term
+            if lead_term is not None:
+                self.counters["elections_won"] += 1
+            pending = self._pending[gid]
+            committed = core.log.committed
+            for i in [i for i, (term, _) in pending.items() if i > committed and term != lead_term]:
+                _, fut = pending.pop(i)
+                if not fut.done():
+                    fut.set_exception(NotLeader(core.leader, core.term))
+
+    def _apply_entries(self, gid: str, entries: Sequence[Entry]) -> None:
+        pending = self._pending[gid]
+        apply = self._apply
+        for e in entries:
+            waiter = pending.pop(e.index, None) if pending else None
+            # An exception here is a bug in the state machine: _pump_loop stops the host.
+            result = apply(gid, e)
+            self.counters["applied"] += 1
+            if waiter is None:
+                continue
+            term, fut = waiter
+            if fut.done():
+                continue
+            if term == e.term:
+                fut.set_result(result)
+            else:  # another leader's entry took this index
+                core = self._cores[gid]
+                fut.set_exception(NotLeader(core.leader, core.term))
+
+    # -- the transport --------------------------------------------------------------------
+
+    def _enqueue(self, gid: str, m: Message) -> None:
+        peer = self._peers[m.dst]
+        packed = _pack_message(self._packer, gid, m)
+        if (
+            len(peer.queue) >= self.max_queued_messages
+            or peer.queued_bytes + len(packed) > self.max_queued_bytes
+        ):
+            self.counters["messages_dropped"] += 1
+            return
+        peer.queue.append(packed)
+        peer.queued_bytes += len(packed)
+
+    def _flush_peers(self) -> None:
+        for pid, peer in self._peers.items():
+            if peer.queue and peer.task is None:
+                peer.task = asyncio.create_task(self._send_loop(pid, peer))
+
+    async def _send_loop(self, pid: str, peer: _Peer) -> None:
+        """Sends a peer's queue, one payload at a time, until it is empty."""
+        try:
+            while peer.queue and self.running:
+                # Up to max_payload_bytes (at least one message); the rest waits.
+                n = size = 0
+                for packed in peer.queue:
+                    if n and size + len(packed) > self.max_payload_bytes:
+                        break
+                    n += 1
+                    size += len(packed)
+                batch = peer.queue[:n]
+                del peer.queue[:n]
+                peer.queued_bytes -= size
+                payload = _join_payload(self._packer, batch)
+                try:
+                    await self._send(pid, payload)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:
+                    self.counters["send_failures"] += 1
+                    self.counters["messages_dropped"] += n
+                    log.debug("raft send %s -> %s failed: %r", self.node_id, pid, e)
+                else:
+                    self.counters["payloads_sent"] += 1
+                    self.counters["messages_sent"] += n
+        finally:
+            peer.task = None
