@@ -7,6 +7,7 @@ processes started through `zdmq.local.LocalCluster`, waited for by their READY l
 
 With `ZDMQ_TEST_TLS=1` both start their clusters with `tls` (HTTPS for clients and between
 nodes, one CA for the whole session) and `client_ssl` is a context that trusts that CA.
+With `ZDMQ_TEST_REPLICATION=3` they keep 3 copies of everything (Raft replica groups).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.helpers import TEST_TLS, make_ca_and_cert
+from tests.helpers import TEST_REPLICATION, TEST_TLS, make_ca_and_cert
 from zdmq import Client
 from zdmq.local import LocalCluster
 
@@ -33,7 +34,12 @@ settings.load_profile("zdmq")
 
 
 def _tls(tls: dict[str, str]) -> dict[str, Any]:
-    return {"tls": tls} if tls else {}
+    """What the shared fixtures add to a cluster: `tls`, and `replication` when the
+    session asks for copies (ZDMQ_TEST_REPLICATION)."""
+    extra: dict[str, Any] = {"tls": tls} if tls else {}
+    if TEST_REPLICATION > 1:
+        extra["replication"] = TEST_REPLICATION
+    return extra
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,9 @@ from zdmq.server.node import FORWARDED_HEADER
 # `ZDMQ_TEST_TLS=1`: the shared cluster fixtures start their clusters with `tls` (HTTPS for
 # clients and between nodes) and the test clients trust the session's CA.
 TEST_TLS = os.environ.get("ZDMQ_TEST_TLS", "") not in ("", "0")
+# `ZDMQ_TEST_REPLICATION=3`: the shared cluster fixtures keep that many copies (Raft
+# replica groups) instead of the default one.
+TEST_REPLICATION = int(os.environ.get("ZDMQ_TEST_REPLICATION", "1"))
 
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 

@@ -746,6 +746,11 @@ async def call(
         reply = await pool.request(
             method, origin, path, data=data, headers=headers, params=params, timeout_s=timeout_s
         )
+    except ConnectionRefusedError as e:
+        # Nobody listens there: the request was not sent, so any call may be tried again.
+        err = NodeUnavailable(f"{method} {url}: {type(e).__name__}: {e}")
+        err.unsent = True
+        raise err from None
     except (TimeoutError, OSError, ConnectionError) as e:
         raise NodeUnavailable(f"{method} {url}: {type(e).__name__}: {e}") from None
     if reply.status >= 400:

@@ -90,7 +90,7 @@ class Limits:
 @dataclass(frozen=True, slots=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
-    replication: int = 2
+    replication: int = 1
     partitions: int = 256
     data_dir: Path = Path("data")
     durability: Durability = "fsync"
@@ -144,7 +144,7 @@ class ClusterConfig:
                 raise ConfigError(f"{key}: unknown field (known: {', '.join(sorted(known))})")
 
         nodes = _nodes(raw.get("nodes"))
-        replication = _int(raw, "replication", 2, 1, 16)
+        replication = _int(raw, "replication", 1, 1, 16)
         if replication > len(nodes):
             raise ConfigError(
                 f"replication: {replication} copies need at least {replication} nodes, "

@@ -17,6 +17,8 @@
     ├── MessageIdConflict     409  a caller-chosen id is stored in another queue
     ├── MessageTooLarge       413  a body over limits.max_message_bytes
     ├── Misrouted             421  a forwarded call reached a node that does not own the key
+    ├── NotLeader             421  the node does not lead the replica group the call needs;
+    │                              `leader` names the one it knows of (retriable there)
     ├── NodeUnavailable       503  a node the call needs is down or timed out (retriable)
     ├── StorageFailed         503  the node's storage refused a write (retriable elsewhere)
     └── InternalError         500
@@ -44,6 +46,7 @@ __all__ = [
     "MethodNotAllowed",
     "Misrouted",
     "NodeUnavailable",
+    "NotLeader",
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
@@ -160,10 +163,33 @@ class Misrouted(ZdmqError):
     code = "misrouted"
 
 
+class NotLeader(ZdmqError):
+    """The call needs replica group `group`, which this node does not lead now. `leader` is
+    the member it knows leads (None while an election runs): the call goes there, with
+    the group named in the `zdmq-group` header."""
+
+    status = 421
+    code = "not_leader"
+    retriable = True
+
+    def __init__(self, message: str = "", *, group: str = "", leader: str | None = None) -> None:
+        super().__init__(message)
+        self.group = group
+        self.leader = leader
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = super().to_wire()
+        wire["error"].update(group=self.group, leader=self.leader)
+        return wire
+
+
 class NodeUnavailable(ZdmqError):
     status = 503
     code = "node_unavailable"
     retriable = True
+    # True when the call was never sent (nothing listened): safe to send again even when
+    # running it twice would not be (a pop).
+    unsent = False
 
 
 class StorageFailed(ZdmqError):
@@ -203,4 +229,12 @@ def from_wire(status: int, payload: Any) -> ZdmqError:
             503: NodeUnavailable,
         }.get(status, InternalError)
         message = message or f"HTTP {status}"
+    if cls is NotLeader:
+        err = payload["error"]
+        group, leader = err.get("group"), err.get("leader")
+        return NotLeader(
+            message,
+            group=group if isinstance(group, str) else "",
+            leader=leader if isinstance(leader, str) else None,
+        )
     return cls(message)

@@ -17,9 +17,15 @@ from tests.cluster.support import (
     placement_of,
     queue_owned_by,
 )
-from tests.helpers import json_bytes, node_signed, unique, wait_until
+from tests.helpers import TEST_REPLICATION, json_bytes, node_signed, unique, wait_until
 from zdmq import Client, Message, NodeUnavailable, QueueNotFound, ReceivedMessage
 from zdmq.local import LocalCluster
+
+# What one copy does when its node is away: with replica groups another member serves
+# instead (tests/cluster/test_replication.py).
+one_copy = pytest.mark.skipif(
+    TEST_REPLICATION > 1, reason="single-copy behaviour; replica groups fail over instead"
+)
 
 
 async def _drain(c: Client, queue: str) -> list[Message]:
@@ -143,6 +149,7 @@ async def test_the_repair_sweep_re_registers_a_node_whose_registration_was_lost(
     assert set(ids) == pushed
 
 
+@one_copy
 async def test_calls_to_a_paused_node_fail_as_unavailable_within_the_timeout_not_hang(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
 ) -> None:
@@ -220,6 +227,7 @@ async def _push_to(http: aiohttp.ClientSession, cluster: LocalCluster, q: str, m
         return r.status
 
 
+@one_copy
 async def test_a_metadata_owner_that_lost_its_disk_makes_no_node_purge_and_a_create_adopts(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
 ) -> None:
@@ -275,6 +283,7 @@ async def test_a_metadata_owner_that_lost_its_disk_makes_no_node_purge_and_a_cre
     assert {m.id for m in got} == set(kept)
 
 
+@one_copy
 async def test_a_queue_deleted_while_a_node_was_down_is_purged_when_it_returns(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
 ) -> None:

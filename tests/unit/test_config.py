@@ -47,11 +47,11 @@ def _with_node(i: int, **changes: Any) -> dict[str, Any]:
     return raw
 
 
-def test_the_repos_cluster_yaml_loads_with_four_nodes_replication_2_and_256_partitions() -> None:
+def test_the_repos_cluster_yaml_loads_with_four_nodes_replication_1_and_256_partitions() -> None:
     config = ClusterConfig.load(REPO / "cluster.yaml")
     assert config.node_ids == ("n1", "n2", "n3", "n4")
     assert [n.port for n in config.nodes] == [7701, 7702, 7703, 7704]
-    assert config.replication == 2
+    assert config.replication == 1
     assert config.partitions == 256
     assert config.durability == "fsync"
     assert config.limits == Limits(max_message_bytes=1048576, max_batch_messages=1000)
@@ -65,7 +65,7 @@ def test_defaults_fill_every_optional_field(tmp_path: Path) -> None:
     nodes = [{"id": "a", "port": 9000}, {"id": "b", "port": 9001}]
     config = ClusterConfig.load(_write(tmp_path, {"nodes": nodes}))
     assert config.nodes == (NodeConfig("a", "127.0.0.1", 9000), NodeConfig("b", "127.0.0.1", 9001))
-    assert config.replication == 2
+    assert config.replication == 1
     assert config.partitions == 256
     assert config.durability == "fsync"
     assert config.limits == Limits()
@@ -162,9 +162,10 @@ def test_config_error_is_also_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
 
 
-def test_the_default_replication_of_2_needs_two_nodes(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"^replication: 2 copies need at least 2 nodes"):
-        ClusterConfig.load(_write(tmp_path, {"nodes": [{"id": "a", "port": 9000}]}))
+def test_replication_3_needs_three_nodes(tmp_path: Path) -> None:
+    nodes = [{"id": "a", "port": 9000}, {"id": "b", "port": 9001}]
+    with pytest.raises(ConfigError, match=r"^replication: 3 copies need at least 3 nodes"):
+        ClusterConfig.load(_write(tmp_path, {"nodes": nodes, "replication": 3}))
 
 
 def test_the_http_edge_limits_have_defaults_and_round_trip(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ PUBLIC = {
     "MessageTooLarge",
     "MethodNotAllowed",
     "Misrouted",
+    "NotLeader",
     "NodeConfig",
     "NodeUnavailable",
     "Outcome",

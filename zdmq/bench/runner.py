@@ -55,7 +55,7 @@ PREFETCH = 100  # messages the consumer rows lease ahead (one receive call's wor
 
 @contextlib.contextmanager
 def zdmq_systems(
-    nodes: list[int], durabilities: list[str], replication: int = 2
+    nodes: list[int], durabilities: list[str], replication: int = 1
 ) -> Iterator[list[SystemSpec]]:
     """Starts one local cluster per (nodes, durability) and yields a spec for each."""
     from zdmq.local import LocalCluster
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="runs; tables show medians")
     ap.add_argument("--nodes", type=int, nargs="+", default=[1], help="cluster sizes to start")
     ap.add_argument("--durability", nargs="+", default=["fsync"], choices=["fsync", "os"])
-    ap.add_argument("--replication", type=int, default=2)
+    ap.add_argument("--replication", type=int, default=1)
     ap.add_argument("--config", help="bench this running cluster instead of starting one")
     ap.add_argument(
         "--peers",

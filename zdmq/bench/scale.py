@@ -91,7 +91,7 @@ class ScaleKnobs:
     queue_nodes: tuple[int, ...] = (1, 4)  # cluster sizes the queue counts run on
     node_counts: tuple[int, ...] = (1, 2, 4, 8)
     durability: str = "fsync"
-    replication: int = 2
+    replication: int = 1
     size: int = 100
     seq_n: int = 5_000  # one-at-a-time pushes (and receive+acks) per measurement
     batched_n: int = 20_000  # depth: messages through the 1+1 batched phase

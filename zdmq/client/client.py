@@ -24,7 +24,7 @@ import ssl
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -56,6 +56,7 @@ from zdmq.models import (
     validate_content_type,
     validate_queue_name,
 )
+from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
 
 if TYPE_CHECKING:
     from zdmq.client.consumer import Consumer, Handler
@@ -122,6 +123,7 @@ class Client:
         self._session: _http.HttpPool | None = None
         self._urls: dict[str, str] = {}
         self._placement: Placement | None = None
+        self._router: GroupRouter | None = None
         self._max_batch = 1000
         self._max_request_bytes = 16 << 20
         self._meta: dict[str, tuple[float, list[str]]] = {}
@@ -173,6 +175,8 @@ class Client:
     def _layout(self, nodes: list[tuple[str, str]], partitions: int, replication: int) -> None:
         self._urls = {node_id: url.rstrip("/") for node_id, url in nodes}
         self._placement = Placement([n for n, _ in nodes], partitions, replication)
+        ids = [n for n, _ in nodes]
+        self._router = GroupRouter(group_members(ids, replication)) if replication > 1 else None
 
     async def _discover(self) -> None:
         assert self._session is not None
@@ -209,11 +213,25 @@ class Client:
 
     # ---- one counted call ------------------------------------------------------------
     async def _call(self, op: str, node_id: str, method: str, path: str, **kw: Any) -> _http.Reply:
+        """One call to node `node_id`; with replication, to the leader of replica group
+        `node_id`, wherever it is now (zdmq/routing.py). A pop is sent again only where
+        it surely did not run."""
         session = self._session
         if session is None:
             raise RuntimeError("the client is closed: use it inside `async with`")
-        self.calls[op].calls += 1
-        return await _http.call(session, method, self._urls[node_id] + path, **kw)
+        stats = self.calls[op]
+        router = self._router
+        if router is None:
+            stats.calls += 1
+            return await _http.call(session, method, self._urls[node_id] + path, **kw)
+        headers = {**(kw.pop("headers", None) or {}), GROUP_HEADER: node_id}
+        urls = self._urls
+
+        def send(target: str) -> Awaitable[_http.Reply]:
+            stats.calls += 1
+            return _http.call(session, method, urls[target] + path, headers=headers, **kw)
+
+        return await router.call(node_id, send, once=op == "pop")
 
     def _begin(self, op: str) -> None:
         self.calls[op].ops += 1

@@ -60,6 +60,8 @@ __all__ = [
 
 #: Entries one append message carries at most, unless the core is given another limit.
 MAX_ENTRIES_PER_MSG = 64
+#: The entries' bytes one append message carries at most (but always at least one entry).
+MAX_BYTES_PER_MSG = 1 << 20
 
 
 class Role(enum.Enum):
@@ -254,6 +256,7 @@ class RaftCore:
         heartbeat_ticks: int = 1,
         applied: int = 0,
         max_entries_per_msg: int = MAX_ENTRIES_PER_MSG,
+        max_bytes_per_msg: int = MAX_BYTES_PER_MSG,
         pre_vote: bool = True,
         check_quorum: bool = True,
     ) -> None:
@@ -264,6 +267,7 @@ class RaftCore:
         self.heartbeat_ticks = heartbeat_ticks
         assert max_entries_per_msg >= 1
         self.max_entries_per_msg = max_entries_per_msg
+        self.max_bytes_per_msg = max_bytes_per_msg
         self.pre_vote = pre_vote
         self.check_quorum = check_quorum
         self._rng = rng
@@ -628,6 +632,13 @@ class RaftCore:
         last = self.log.last_index()
         hi = min(last + 1, pr.next + self.max_entries_per_msg)
         entries = tuple(self.log.slice(pr.next, hi))
+        if len(entries) > 1:
+            size, n = 0, 0
+            for n, e in enumerate(entries):  # noqa: B007 - n is used after the loop
+                size += len(e.data or b"")
+                if n and size > self.max_bytes_per_msg:
+                    entries = entries[:n]
+                    break
         if not entries and not even_if_empty:
             return
         prev = pr.next - 1

@@ -64,6 +64,8 @@ from zdmq.models import (
     validate_message_id,
     validate_queue_name,
 )
+from zdmq.raft.driver import RAFT_PATH
+from zdmq.routing import GROUP_HEADER
 from zdmq.server.http import App, Request, Response, json_response
 from zdmq.server.node import (
     FORWARDED_HEADER,
@@ -73,6 +75,7 @@ from zdmq.server.node import (
     Node,
     PushItem,
 )
+from zdmq.server.replicas import Member
 from zdmq.server.storage import open_storage
 
 __all__ = ["NODE", "make_app"]
@@ -80,6 +83,8 @@ __all__ = ["NODE", "make_app"]
 log = logging.getLogger("zdmq.http")
 
 NODE = "node"
+MEMBER = "member"
+CONFIG = "config"
 ID_HEADER = "zdmq-id"
 DEDUP_HEADER = "zdmq-dedup-id"
 OCTET = "application/octet-stream"
@@ -88,6 +93,17 @@ OCTET = "application/octet-stream"
 # ---- replies and request parsing ----------------------------------------------------------
 def _json(payload: Any, status: int = 200) -> Response:
     return json_response(payload, status)
+
+
+def _node(request: Request) -> Node:
+    """The node that serves this call: the process's own, or with replication the replica
+    group the call names (`zdmq-group`; else one this process leads). NotLeader (421)
+    when this process does not lead that group now."""
+    member: Member | None = request.app[MEMBER]
+    if member is None:
+        node: Node = request.app[NODE]
+        return node
+    return member.serving(request.headers.get(GROUP_HEADER))
 
 
 def _queue(request: Request) -> str:
@@ -188,7 +204,10 @@ async def _forward(node: Node, owner: str, request: Request, body: bytes | None)
 
 # ---- public API --------------------------------------------------------------------------
 async def health(request: Request) -> Response:
-    node = request.app[NODE]
+    member: Member | None = request.app[MEMBER]
+    if member is not None:
+        return _member_health(member)
+    node: Node = request.app[NODE]
     failed = node.storage.failed
     return _json(
         {
@@ -210,8 +229,43 @@ async def health(request: Request) -> Response:
     )
 
 
+def _member_health(member: Member) -> Response:
+    """A node with replication: its replica groups, each with its role, leader and term."""
+    groups: dict[str, Any] = {}
+    failed = [f"{g}: {n.storage.failed}" for g, n in member.nodes.items() if n.storage.failed]
+    host = member.raft
+    if host is not None and host.failed:
+        failed.append(f"raft: {host.failed}")
+    for g, node in member.nodes.items():
+        leader, term = host.leader(g) if host is not None else (None, 0)
+        groups[g] = {
+            "role": host.role(g).value if host is not None else "stopped",
+            "leader": leader,
+            "term": term,
+            "applied": node.storage.applied,
+            "messages": node.state.stored(),
+            "queues_owned": len(node.state.meta),
+            "counters": dict(node.counters),
+        }
+    own = member.nodes.get(member.id)
+    return _json(
+        {
+            "node": member.id,
+            "status": "failed" if failed else "ok",
+            "detail": "; ".join(failed) or None,
+            "messages": own.state.stored() if own is not None else 0,
+            "queues_owned": len(own.state.meta) if own is not None else 0,
+            "counters": dict(own.counters) if own is not None else {},
+            "uptime_s": round(time.time() - member.started_at, 3),
+            "groups": groups,
+            "raft": dict(host.counters) if host is not None else {},
+        },
+        status=503 if failed else 200,
+    )
+
+
 async def cluster(request: Request) -> Response:
-    config = request.app[NODE].config
+    config = request.app[CONFIG]
     return _json(
         {
             "nodes": [{"id": n.id, "url": n.url} for n in config.nodes],
@@ -232,7 +286,7 @@ async def openapi(request: Request) -> Response:
 
 
 async def list_queues(request: Request) -> Response:
-    queues = await request.app[NODE].list_queues()
+    queues = await _node(request).list_queues()
     clients: ClientGuard | None = request.app[CLIENTS]
     if clients is not None and NODE_AUTH_HEADER not in request.headers:
         # A client sees the queues its token has some right on.
@@ -242,7 +296,7 @@ async def list_queues(request: Request) -> Response:
 
 
 async def create_queue(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, await request.read())
@@ -258,12 +312,12 @@ async def create_queue(request: Request) -> Response:
 
 
 async def get_queue(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     return _json(await node.stats(queue))
 
 
 async def delete_queue(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, None)
@@ -272,7 +326,7 @@ async def delete_queue(request: Request) -> Response:
 
 
 async def queue_metadata(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, None)
@@ -280,7 +334,7 @@ async def queue_metadata(request: Request) -> Response:
 
 
 async def push(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     limit = node.config.limits.max_message_bytes
     if request.content_length is not None and request.content_length > limit:
         raise MessageTooLarge(
@@ -427,7 +481,7 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
 
 
 async def push_batch(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     limits = node.config.limits
     if _is_frame(request):
         items = _frame_items(
@@ -497,7 +551,7 @@ _ROUTES = frozenset({None, "local", "owner"})
 
 
 async def _take(request: Request, *, receive: bool) -> list[Delivery]:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     hi = MAX_RECEIVE if receive else node.config.limits.max_batch_messages
     limit = _int_param(request, "max", 1, 1, hi)
     lease_s = _float_param(request, "visibility_s", 0.0, MAX_VISIBILITY_S) if receive else None
@@ -547,7 +601,7 @@ async def receive(request: Request) -> Response:
 
 
 async def _settle(request: Request, action: str) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     limit = node.config.limits.max_batch_messages
     given: Callable[[str], float | None]  # a number the caller gave, None if not given
     if _is_frame(request):
@@ -689,11 +743,16 @@ def _calling_node(request: Request, payload: Any) -> str:
     the cluster, and the one whose credential the call carries (a node speaks only for
     itself). Else 400, before anything is stored."""
     node_id = _field(payload, "node")
-    config = request.app[NODE].config
+    config = request.app[CONFIG]
     if node_id not in config.node_ids:
         raise BadRequest(f"node: {node_id[:100]!r} is not a node of this cluster")
     caller = request.headers.get(NODE_AUTH_HEADER, "").partition(":")[0]
-    if node_id != caller:
+    member: Member | None = request.app[MEMBER]
+    if member is not None:
+        # With replication `node` is a replica group, which any of its members may lead.
+        if caller not in member.members[node_id]:
+            raise BadRequest(f"node: the calling node {caller!r} is not a member of {node_id!r}")
+    elif node_id != caller:
         raise BadRequest(f"node: {node_id!r} is not the calling node {caller!r}")
     return node_id
 
@@ -701,7 +760,7 @@ def _calling_node(request: Request, payload: Any) -> str:
 async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
     """(node, queues) of a batch of unregistrations or ready notices: queues this node
     is the metadata owner of, or the whole batch is refused."""
-    node = request.app[NODE]
+    node = _node(request)
     payload = await _json_body(request)
     queues = payload.get("queues") if isinstance(payload, dict) else None
     if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
@@ -713,34 +772,34 @@ async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
 async def internal_unregister(request: Request) -> Response:
     """Takes a node off the metadata lists of one queue or several."""
     node_id, queues = await _node_and_queues(request)
-    await request.app[NODE].unregister_many(queues, node_id)
+    await _node(request).unregister_many(queues, node_id)
     return _json({"ok": True})
 
 
 async def internal_ready(request: Request) -> Response:
     """A node has visible messages of these queues: their long polls wake."""
     node_id, queues = await _node_and_queues(request)
-    request.app[NODE].nodes_ready(queues, node_id)
+    _node(request).nodes_ready(queues, node_id)
     return _json({"ok": True})
 
 
 async def internal_purge(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     return _json({"purged": await node.purge_local(queue)})
 
 
 async def internal_depth(request: Request) -> Response:
-    node, queue = request.app[NODE], _queue(request)
+    node, queue = _node(request), _queue(request)
     return _json(node.depth(queue))
 
 
 async def internal_owned(request: Request) -> Response:
-    return _json({"queues": request.app[NODE].owned_queues()})
+    return _json({"queues": _node(request).owned_queues()})
 
 
 async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[str, str]]:
     """(node, queue -> first_uuid, queue -> incarnation) of a sweep or a batch register."""
-    node = request.app[NODE]
+    node = _node(request)
     payload = await _json_body(request)
     queues = payload.get("queues") if isinstance(payload, dict) else None
     if not isinstance(queues, dict) or not all(isinstance(u, str) for u in queues.values()):
@@ -761,14 +820,14 @@ async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[st
 
 async def internal_sweep(request: Request) -> Response:
     node_id, queues, known = await _registrations(request)
-    return _json(await request.app[NODE].sweep(node_id, queues, known))
+    return _json(await _node(request).sweep(node_id, queues, known))
 
 
 async def internal_register(request: Request) -> Response:
     """Registers a node for one queue, or for several: the registrations it made while
     its previous call to this owner was in flight."""
     node_id, queues, known = await _registrations(request)
-    return _json(await request.app[NODE].sweep(node_id, queues, known, repair=False))
+    return _json(await _node(request).sweep(node_id, queues, known, repair=False))
 
 
 async def internal_raft(request: Request) -> Response:
@@ -776,7 +835,8 @@ async def internal_raft(request: Request) -> Response:
     204 once queued; a payload that is not well formed, or holds a message that is not
     from the calling node, is 400 and changes nothing; 404 on a node that runs no Raft
     groups, 503 once its Raft host is stopped."""
-    host = getattr(request.app[NODE], "raft", None)
+    member: Member | None = request.app[MEMBER]
+    host = member.raft if member is not None else None
     if host is None:
         raise RouteNotFound(f"{request.app[NODE].id} runs no Raft groups")
     # The calling node, as its (checked) credential names it: it speaks only for itself.
@@ -882,28 +942,47 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
     )
     nodes = NodeVerifier(secret, config.node_ids)
     app = App(max_body=config.limits.max_request_bytes)
-    node = Node(
-        config,
-        node_id,
-        open_storage(config.durability, config.node_data_dir(node_id)),
-        secret=secret,
-    )
-    app[NODE] = node
+    app[CONFIG] = config
     app[CLIENTS] = clients
     tasks: list[asyncio.Task[None]] = []
+    member: Member | None = None
+    if config.replication > 1:
+        # Replica groups (replicas.py): a Node per group this node is a member of.
+        member = Member(config, node_id, secret)
+        # A Raft payload carries entries up to a whole request each.
+        app.max_body_of[RAFT_PATH] = member.max_payload_bytes
+        served = list(member.nodes.values())
+        app[NODE] = member.nodes[node_id]
+    else:
+        node = Node(
+            config,
+            node_id,
+            open_storage(config.durability, config.node_data_dir(node_id)),
+            secret=secret,
+        )
+        served = [node]
+        app[NODE] = node
+    app[MEMBER] = member
 
     async def startup(app: App) -> None:
-        await node.start()
-        tasks.append(asyncio.create_task(node.monitor_loop()))
-        if repair:
-            tasks.append(asyncio.create_task(node.repair_loop()))
+        if member is not None:
+            await member.start()
+        else:
+            await served[0].start()
+        for n in served:
+            tasks.append(asyncio.create_task(n.monitor_loop()))
+            if repair:
+                tasks.append(asyncio.create_task(n.repair_loop()))
 
     async def cleanup(app: App) -> None:
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await node.stop()
+        if member is not None:
+            await member.stop()
+        else:
+            await served[0].stop()
 
     app.on_startup.append(startup)
     app.on_cleanup.append(cleanup)

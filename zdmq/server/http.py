@@ -174,6 +174,8 @@ class App:
 
     def __init__(self, *, max_body: int) -> None:
         self.max_body = max_body
+        # Paths whose bodies may be larger than max_body (exact paths only).
+        self.max_body_of: dict[str, int] = {}
         self._state: dict[str, Any] = {}
         self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
         self._exact: dict[str, dict[str, Handler]] = {}
@@ -281,6 +283,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.fed = 0  # bytes of reads that carried only this request
         self.parts: list[bytes] = []
         self.got = 0  # body bytes in `parts`
+        self.limit = server.app.max_body  # the body limit of the request being parsed
         self.chunks = 0
         self.expect = False  # it asked for 100 Continue
         self.method = ""
@@ -449,18 +452,6 @@ class _HttpProtocol(asyncio.Protocol):
                 if all(c == "chunked" for c in codings):
                     raise _Refuse(BadRequest(f"bad Transfer-Encoding {te[:100]!r}"))
                 raise _Refuse(BadRequest(f"transfer coding {te[:100]!r} is not supported"), 501)
-        else:
-            cl = headers.get("content-length")
-            if cl is not None:
-                if not (cl.isascii() and cl.isdigit()):
-                    raise _Refuse(BadRequest(f"bad Content-Length {cl[:40]!r}"))
-                if int(cl) > self.app.max_body:
-                    raise _Refuse(
-                        MessageTooLarge(
-                            f"request body of {cl} bytes is over the {self.app.max_body}-byte limit"
-                        ),
-                        413,
-                    )
         url = self.url
         if url[:1] != b"/":
             if url[:7].lower() != b"http://" and url[:8].lower() != b"https://":
@@ -473,6 +464,22 @@ class _HttpProtocol(asyncio.Protocol):
         path, _, query = url.partition(b"?")
         self.path = path.decode("latin-1")
         self.query = query.decode("latin-1")
+        app = self.app
+        self.limit = (
+            app.max_body_of.get(self.path, app.max_body) if app.max_body_of else app.max_body
+        )
+        if te is None:
+            cl = headers.get("content-length")
+            if cl is not None:
+                if not (cl.isascii() and cl.isdigit()):
+                    raise _Refuse(BadRequest(f"bad Content-Length {cl[:40]!r}"))
+                if int(cl) > self.limit:
+                    raise _Refuse(
+                        MessageTooLarge(
+                            f"request body of {cl} bytes is over the {self.limit}-byte limit"
+                        ),
+                        413,
+                    )
         raw_method = parser.get_method()
         method = _METHODS.get(raw_method)
         if method is None:
@@ -487,10 +494,8 @@ class _HttpProtocol(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.parts.append(body)
         self.got += len(body)
-        if self.got > self.app.max_body:
-            raise _Refuse(
-                MessageTooLarge(f"request body is over the {self.app.max_body}-byte limit"), 413
-            )
+        if self.got > self.limit:
+            raise _Refuse(MessageTooLarge(f"request body is over the {self.limit}-byte limit"), 413)
 
     def on_chunk_header(self) -> None:
         self.chunks += 1

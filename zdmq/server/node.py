@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from zdmq import _http
 from zdmq.auth import NodeSigner, node_secret
@@ -73,6 +73,9 @@ from zdmq.server.state import (
     Unregister,
 )
 from zdmq.server.storage import Storage
+
+if TYPE_CHECKING:
+    from zdmq.server.replicas import Member
 
 __all__ = ["FORWARDED_HEADER", "LISTED_HEADER", "ROUTE_HEADER", "Delivery", "Node", "PushItem"]
 
@@ -222,9 +225,19 @@ class OwnerBatches:
 
 class Node:
     def __init__(
-        self, config: ClusterConfig, node_id: str, storage: Storage, *, secret: bytes | None = None
+        self,
+        config: ClusterConfig,
+        node_id: str,
+        storage: Storage,
+        *,
+        secret: bytes | None = None,
+        member: Member | None = None,
     ) -> None:
         self.config = config
+        # With replication, the replica groups of this process (replicas.py): this Node is
+        # then one group's (its id is the group's), its changes go through the group's
+        # log, and its calls to other groups reach their leaders wherever they are.
+        self.member = member
         # The cluster's node secret: it signs every call this node makes to another.
         self.secret = secret if secret is not None else node_secret(config)
         self.id = node_id
@@ -250,6 +263,7 @@ class Node:
         # incarnation: runtime knowledge, so after a restart every queue registers again
         # before its next push here.
         self._registered: dict[str, str] = {}
+        self._term = -1  # the term in which this replica group's node last led
         # Calls to other metadata owners, batched per owner (values: firstUUIDs, -, -).
         self._registrations = OwnerBatches(self._spawn, self._send_registrations)
         self._unregistrations = OwnerBatches(self._spawn, self._send_unregistrations)
@@ -271,6 +285,9 @@ class Node:
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         self.state = await asyncio.to_thread(self.storage.load)
+        if self.member is not None:
+            self._session = self.member.pool
+            return
         # Idle connections are dropped well before the other nodes close them.
         self._session = _http.HttpPool(
             timeout_s=self.config.request_timeout_s,
@@ -287,7 +304,7 @@ class Node:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        if self._session is not None:
+        if self._session is not None and self.member is None:
             await self._session.close()
         await self.storage.close()
 
@@ -308,11 +325,37 @@ class Node:
         what it changed is committed; an error it returns is raised. Every change to the
         state goes through here."""
         self._check_storage()
-        result = apply_command(self.state, cmd)
-        await self.storage.barrier()
+        if self.member is not None:
+            result = await self.member.propose(self.id, cmd)
+        else:
+            result = apply_command(self.state, cmd)
+            await self.storage.barrier()
         if isinstance(result, ZdmqError):
             raise result
         return result
+
+    @property
+    def leading(self) -> bool:
+        """Whether this node serves: always, unless it is a replica group that another
+        member leads now. A member that starts to lead forgets what it knew of its
+        registrations: another leader may have changed them meanwhile."""
+        member = self.member
+        if member is None:
+            return True
+        if not member.leads(self.id):
+            return False
+        term = member.term(self.id)
+        if term != self._term:
+            self._term = term
+            self._registered.clear()
+            self._swept.clear()
+        return True
+
+    def check_leading(self) -> None:
+        """Raises NotLeader (421, naming the leader) unless this node serves now."""
+        if not self.leading:
+            assert self.member is not None
+            raise self.member.not_leader(self.id)
 
     # ---- peers ---------------------------------------------------------------------
     async def peer_call(
@@ -320,6 +363,9 @@ class Node:
     ) -> _http.Reply:
         assert self._session is not None
         headers = {FORWARDED_HEADER: self.id, **kw.pop("headers", {})}
+        if self.member is not None:
+            return await self.member.call(node_id, method, path, json=json, headers=headers, **kw)
+        kw.pop("once", None)
         return await _http.call(
             self._session, method, self.urls[node_id] + path, json=json, headers=headers, **kw
         )
@@ -828,7 +874,8 @@ class Node:
             if housekeeping:
                 last_housekeeping = now
             try:
-                await self.monitor_once(now, housekeeping)
+                if self.leading:  # a follower's state changes only by its group's log
+                    await self.monitor_once(now, housekeeping)
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep monitoring whatever one round hit
@@ -915,6 +962,7 @@ class Node:
                         f"/v1/queues/{queue}/{kind}",
                         params=params,
                         headers={ROUTE_HEADER: "local", LISTED_HEADER: "1", **_ACCEPT_FRAME},
+                        once=not receive,
                     )
                 except NodeUnavailable as e:
                     log.warning("%s at %s failed: %s", kind, node_id, e)
@@ -937,6 +985,7 @@ class Node:
                     f"/v1/queues/{queue}/{kind}",
                     params=params,
                     headers={ROUTE_HEADER: "owner", **_ACCEPT_FRAME},
+                    once=not receive,
                     timeout_s=remaining + self.config.request_timeout_s,
                 )
                 return _deliveries_of(reply)
@@ -1082,7 +1131,8 @@ class Node:
     async def repair_loop(self) -> None:
         while True:
             try:
-                await self.repair_once()
+                if self.leading:
+                    await self.repair_once()
             except Exception:  # keep sweeping whatever one round hit
                 log.exception("repair sweep failed")
             await asyncio.sleep(self.config.repair_interval_s)

@@ -103,6 +103,11 @@ CREATE TABLE IF NOT EXISTS dedup (
     queue TEXT NOT NULL,
     until REAL NOT NULL
 );
+-- A replica group's state: the last log index applied (`applied`) and the state's clock.
+CREATE TABLE IF NOT EXISTS machine (
+    key TEXT PRIMARY KEY,
+    value REAL NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS registrations (
     queue TEXT NOT NULL,
     node TEXT NOT NULL,
@@ -119,6 +124,10 @@ class Storage:
     failed: str | None = None
     commits = 0
     ops_written = 0
+    # A replica group's state: the last log index applied to it and its clock, as of the
+    # last commit (load reads them back; `note_applied` moves them).
+    applied = 0
+    clock = 0.0
     # Rows of delivered messages served from the cache of recent pushes, and read back.
     cache_hits = 0
     cache_misses = 0
@@ -135,6 +144,11 @@ class Storage:
         """Resolves once everything submitted so far is committed (a reply that reports
         an earlier write, such as a duplicate push, waits for it to be durable)."""
         raise NotImplementedError
+
+    def note_applied(self, index: int, clock: float) -> None:
+        """A replica group applied its log up to `index`: written with the ops applied so
+        far, in the same commit, so a reload knows where to resume the log."""
+        self.applied, self.clock = index, clock
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -199,9 +213,14 @@ class SqliteStorage(Storage):
         fsync: bool,
         body_cache_bytes: int = BODY_CACHE_BYTES,
         body_inline_max: int = BODY_INLINE_MAX,
+        replica: bool = False,
     ) -> None:
         self.path = path
         self._fsync = fsync
+        # A replica group's state (its log makes it durable): reloaded as of its clock,
+        # not the wall clock, so it equals the other members' state at the same index.
+        self._replica = replica
+        self._applied_unwritten = False
         self._bodies = _OutOfLine(body_inline_max)
         # Rows of ready messages as pushed (seq -> Row), while they fit in the budget:
         # filled as pushes are written, emptied as their messages are leased, popped,
@@ -236,7 +255,10 @@ class SqliteStorage(Storage):
         conn.execute("PRAGMA locking_mode=EXCLUSIVE")
         try:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'OFF'}")
+            # A replica's state is rebuilt from its log: NORMAL keeps the file consistent
+            # through a power loss without an fsync per commit.
+            sync = "FULL" if self._fsync else "NORMAL" if self._replica else "OFF"
+            conn.execute(f"PRAGMA synchronous={sync}")
             conn.execute("PRAGMA temp_store=MEMORY")
             # FAST zeroes deleted content only inside pages a delete writes anyway; ON
             # (Debian's default) also overwrites every freed overflow page, a 1 MiB write
@@ -254,6 +276,9 @@ class SqliteStorage(Storage):
         _migrate(conn)
         self._conn = conn
         state = NodeState(self)
+        machine = dict(conn.execute("SELECT key, value FROM machine"))
+        self.applied = int(machine.get("applied", 0))
+        self.clock = state.clock = float(machine.get("clock", 0.0))
         self._loading = True  # the replay below writes nothing back
         for name, incarnation, created_at, settings in conn.execute(
             "SELECT name, incarnation, created_at, settings FROM queues"
@@ -269,7 +294,7 @@ class SqliteStorage(Storage):
         ):
             if queue in state.meta:
                 state.apply(Register(queue, node, first_uuid))
-        now = time.time()
+        now = self.clock if self._replica else time.time()
         refs = self._bodies.refs
         for row in conn.execute(
             "SELECT seq, queue, id, enqueued_at, receive_count, lease, lease_until, "
@@ -350,6 +375,13 @@ class SqliteStorage(Storage):
                 self._schedule(asyncio.get_running_loop())
             except RuntimeError:  # no loop running (a script, a test): the next submit commits
                 return
+
+    def note_applied(self, index: int, clock: float) -> None:
+        super().note_applied(index, clock)
+        self._applied_unwritten = True
+        if not self._scheduled:
+            with contextlib.suppress(RuntimeError):  # no loop: the next submit commits
+                self._schedule(asyncio.get_running_loop())
 
     def submit(self, ops: Sequence[Op]) -> asyncio.Future[None]:
         """The commit of `ops`, which the state has applied (and so handed to `write`)."""
@@ -451,6 +483,18 @@ class SqliteStorage(Storage):
             return
         conn = self._conn
         assert conn is not None
+        if self._applied_unwritten:
+            self._applied_unwritten = False
+            try:
+                if not conn.in_transaction:
+                    conn.execute("BEGIN")
+                conn.executemany(
+                    "INSERT OR REPLACE INTO machine (key, value) VALUES (?, ?)",
+                    (("applied", self.applied), ("clock", self.clock)),
+                )
+            except Exception as e:
+                self._fail(e)
+                return
         if conn.in_transaction:
             try:
                 conn.execute("COMMIT")
@@ -791,7 +835,11 @@ _WRITERS: dict[type, _Writer] = {
 }
 
 
-def open_storage(durability: str, data_dir: Path) -> Storage:
+def open_storage(durability: str, data_dir: Path, *, group: str | None = None) -> Storage:
+    """A node's storage (`group` None), or the state of replica group `group` on this node
+    (`group-<id>.sqlite3`; its log, not this file, makes it durable: no fsync)."""
     if durability == "memory":
         return MemoryStorage()
+    if group is not None:
+        return SqliteStorage(data_dir / f"group-{group}.sqlite3", fsync=False, replica=True)
     return SqliteStorage(data_dir / "zdmq.sqlite3", fsync=durability == "fsync")

@@ -1,0 +1,101 @@
+"""Replica groups as callers see them: who is in each, and how a call finds its leader.
+
+With `replication: R` above 1 on N nodes there are N replica groups, one per node id:
+group `g` keeps what the placement puts on node `g`, on the ring window of R nodes that
+starts at `g` (`group_members`). Its preferred leader is node `g`, so a caller first
+calls `g` itself, as with one copy; when `g` is down or does not lead, the call names
+the group in the `zdmq-group` header and goes to another member. A member that does not
+lead answers 421 `not_leader`, naming the leader it knows of.
+
+`GroupRouter` is that search, shared by the client and by nodes calling other groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
+from zdmq.errors import NodeUnavailable, NotLeader, ZdmqError
+
+__all__ = ["GROUP_HEADER", "GroupRouter", "group_members"]
+
+# Names the replica group a call is for (a node is a member of several); absent: the
+# group of the node called, whose id is the node's own.
+GROUP_HEADER = "zdmq-group"
+
+T = TypeVar("T")
+
+# Tries of one call, and the pauses between them: about 5 s in all, what an election
+# after a leader's crash takes at worst.
+ATTEMPTS = 9
+BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0)
+
+
+def group_members(node_ids: Sequence[str], replication: int) -> dict[str, tuple[str, ...]]:
+    """Every group (by id) and its members, the ring window that starts at it."""
+    n = len(node_ids)
+    r = min(replication, n)
+    return {g: tuple(node_ids[(i + k) % n] for k in range(r)) for i, g in enumerate(node_ids)}
+
+
+class GroupRouter:
+    """Finds a group's leader for a call: the leader last heard of (`known(group)`, the
+    caller's own knowledge if it is a member, else the last 421's hint), then the other
+    members in ring order."""
+
+    def __init__(
+        self,
+        members: Mapping[str, Sequence[str]],
+        known: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.members = members
+        self._known = known
+        self._hints: dict[str, str] = {}
+
+    def hint(self, group: str) -> str | None:
+        return self._hints.get(group)
+
+    def candidates(self, group: str) -> list[str]:
+        """Where `group`'s leader may be, the likeliest first."""
+        known = (self._known(group) if self._known is not None else None) or self._hints.get(group)
+        order = list(self.members[group])
+        if known in order:
+            order.remove(known)
+            order.insert(0, known)
+        return order
+
+    async def call(
+        self, group: str, send: Callable[[str], Awaitable[T]], *, once: bool = False
+    ) -> T:
+        """`send(node)` to `group`'s leader: follows 421 hints, moves on to the next member
+        when one does not answer, pausing between rounds (an election's time), up to
+        ATTEMPTS tries. A call that must not run twice (`once`: a pop) is sent again only
+        where it surely did not run: after a 421, or to a member nothing listens on."""
+        last: ZdmqError | None = None
+        tried: set[str] = set()
+        for attempt in range(ATTEMPTS):
+            order = self.candidates(group)
+            target = next((n for n in order if n not in tried), None)
+            if target is None:  # each member tried once: give an election time, again
+                tried.clear()
+                await asyncio.sleep(BACKOFF_S[attempt])
+                target = order[0]
+            tried.add(target)
+            try:
+                return await send(target)
+            except NotLeader as e:
+                last = e
+                if e.leader is not None and e.leader in self.members[group]:
+                    self._hints[group] = e.leader
+                    tried.discard(e.leader)
+                else:  # an election is running: wait for it
+                    await asyncio.sleep(BACKOFF_S[attempt])
+            except NodeUnavailable as e:
+                last = e
+                if once and not e.unsent:
+                    raise
+                if self._hints.get(group) == target:
+                    del self._hints[group]
+        assert last is not None
+        raise last
