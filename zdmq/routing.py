@@ -13,6 +13,7 @@ lead answers 421 `not_leader`, naming the leader it knows of.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
@@ -30,6 +31,9 @@ T = TypeVar("T")
 # after a leader's crash takes at worst.
 ATTEMPTS = 9
 BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0)
+# A member that did not answer is tried last for this long (a later call does not wait
+# out its timeout again while it is down or paused).
+SUSPECT_S = 5.0
 
 
 def group_members(node_ids: Sequence[str], replication: int) -> dict[str, tuple[str, ...]]:
@@ -52,6 +56,7 @@ class GroupRouter:
         self.members = members
         self._known = known
         self._hints: dict[str, str] = {}
+        self._suspect: dict[str, float] = {}  # member -> until when it is tried last
 
     def hint(self, group: str) -> str | None:
         return self._hints.get(group)
@@ -63,6 +68,12 @@ class GroupRouter:
         if known in order:
             order.remove(known)
             order.insert(0, known)
+        if self._suspect:
+            now = time.monotonic()
+            for node, until in list(self._suspect.items()):
+                if until <= now:
+                    del self._suspect[node]
+            order.sort(key=lambda n: n in self._suspect)  # stable: the rest keep their order
         return order
 
     async def call(
@@ -83,7 +94,7 @@ class GroupRouter:
                 target = order[0]
             tried.add(target)
             try:
-                return await send(target)
+                result = await send(target)
             except NotLeader as e:
                 last = e
                 if e.leader is not None and e.leader in self.members[group]:
@@ -93,9 +104,13 @@ class GroupRouter:
                     await asyncio.sleep(BACKOFF_S[attempt])
             except NodeUnavailable as e:
                 last = e
-                if once and not e.unsent:
-                    raise
+                self._suspect[target] = time.monotonic() + SUSPECT_S
                 if self._hints.get(group) == target:
                     del self._hints[group]
+                if once and not e.unsent:
+                    raise
+            else:
+                self._suspect.pop(target, None)
+                return result
         assert last is not None
         raise last

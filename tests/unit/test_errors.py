@@ -12,6 +12,7 @@ from zdmq.errors import (
     MethodNotAllowed,
     Misrouted,
     NodeUnavailable,
+    NotLeader,
     QueueExists,
     RouteNotFound,
     StorageFailed,
@@ -39,7 +40,10 @@ def test_error_classes_lists_every_public_error_class_by_its_code() -> None:
 def test_every_error_class_round_trips_through_the_wire(cls: type[ZdmqError]) -> None:
     sent = cls("queue 'jobs' went wrong: \u2603")
     payload = sent.to_wire()
-    assert payload == {"error": {"code": cls.code, "message": "queue 'jobs' went wrong: \u2603"}}
+    extra = {"group": "", "leader": None} if cls is NotLeader else {}
+    assert payload == {
+        "error": {"code": cls.code, "message": "queue 'jobs' went wrong: \u2603", **extra}
+    }
     got = from_wire(cls.status, payload)
     assert type(got) is cls
     assert got.message == sent.message
@@ -51,6 +55,15 @@ def test_an_error_without_a_message_carries_its_code(cls: type[ZdmqError]) -> No
     e = cls()
     assert e.message == cls.code
     assert type(from_wire(cls.status, e.to_wire())) is cls
+
+
+def test_not_leader_carries_its_group_and_leader_through_the_wire() -> None:
+    got = from_wire(421, NotLeader("moved", group="n2", leader="n3").to_wire())
+    assert isinstance(got, NotLeader) and got.retriable
+    assert (got.group, got.leader, got.message) == ("n2", "n3", "moved")
+    # A reply with odd fields still gives a NotLeader, with what could be read.
+    odd = from_wire(421, {"error": {"code": "not_leader", "message": "m", "leader": 7}})
+    assert isinstance(odd, NotLeader) and (odd.group, odd.leader) == ("", None)
 
 
 @pytest.mark.parametrize(

@@ -470,6 +470,38 @@ def test_a_restarted_core_keeps_its_term_vote_and_log_and_reapplies_from_the_sta
     assert [e.data for e in rd.committed] == [None, b"a"]
 
 
+def test_a_follower_that_lost_its_log_is_caught_up_again_from_the_first_entry() -> None:
+    g = Group(3)
+    g.elect("n0")
+    for k in range(4):
+        g["n0"].propose(f"e{k}".encode())
+    g.deliver()
+    g.tick_all(2)
+    assert g["n0"].progress["n1"].match == 5
+    # n1 comes back with an empty disk: the leader still believes it holds 5 entries.
+    g.disks["n1"] = MemoryStorage()
+    g.restart("n1")
+    g.tick_all(3)  # heartbeats claim commit 5: n1 must not commit past its empty log
+    assert g.log_of("n1") == g.log_of("n0")
+    assert [e.data for e in g.applied["n1"]] == [None] + [f"e{k}".encode() for k in range(4)]
+    assert g["n0"].progress["n1"].match == 5
+
+
+def test_a_late_rejection_of_an_append_does_not_reset_a_followers_progress() -> None:
+    g = Group(3)
+    g.elect("n0")
+    for k in range(3):
+        g["n0"].propose(f"e{k}".encode())
+    g.deliver()
+    pr = g["n0"].progress["n1"]
+    assert pr.match == 4
+    # The rejection of an append sent ahead of the follower (prev 5, when its log ended
+    # at 2) arrives after the follower acknowledged up to 4: it says nothing now.
+    late = Message(MsgType.APPEND_RESP, "n1", "n0", 1, index=5, reject=True, reject_hint=2)
+    g["n0"].step(late)
+    assert (pr.match, pr.next) == (4, 5)  # it probes from what it knows matches
+
+
 def test_the_package_exports_exactly_its_public_names() -> None:
     import zdmq.raft
 
@@ -477,6 +509,7 @@ def test_the_package_exports_exactly_its_public_names() -> None:
     assert all(getattr(zdmq.raft, name) is not None for name in zdmq.raft.__all__)
     assert {n for n in vars(zdmq.raft) if not n.startswith("_")} - {
         "core",
+        "driver",
         "sim",
         "sqlite_storage",
         "storage",

@@ -549,7 +549,8 @@ class HttpNet:
             self.socks[node] = sock
             self.urls[node] = f"http://127.0.0.1:{sock.getsockname()[1]}"
             app = self.apps[node] = App(max_body=16 * 1024 * 1024)
-            app[app_module.NODE] = SimpleNamespace(id=node, raft=None)
+            app[app_module.NODE] = SimpleNamespace(id=node)
+            app[app_module.MEMBER] = SimpleNamespace(id=node, raft=None)
             app.route("POST", RAFT_PATH, app_module._guarded(handler, need, verifier, None))
             self.pools[node] = _http.HttpPool(sign=NodeSigner(SECRET, node), timeout_s=2.0)
         c.send_for = lambda node: http_sender(self.pools[node], self.urls)
@@ -557,7 +558,7 @@ class HttpNet:
 
         def start(node: str) -> RaftHost:
             host = self._start(node)
-            self.apps[node][app_module.NODE].raft = host
+            self.apps[node][app_module.MEMBER].raft = host
             return host
 
         c.start = start  # type: ignore[method-assign]
@@ -625,13 +626,13 @@ async def test_hosts_over_http_with_fsync_elect_commit_and_refuse_bad_calls(
         finally:
             await plain.close()
         # A node without a Raft host: 404 with the error body.
-        net.apps["n1"][app_module.NODE].raft = None
+        net.apps["n1"][app_module.MEMBER].raft = None
         try:
             reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=b"\x90")
             assert reply.status == 404
             assert orjson.loads(reply.body)["error"]["code"] == "not_found"
         finally:
-            net.apps["n1"][app_module.NODE].raft = c.hosts["n1"]
+            net.apps["n1"][app_module.MEMBER].raft = c.hosts["n1"]
         # A message that is not from the calling node (n0 speaking for n2): 400.
         forged = encode_messages([("n1", Message(MsgType.HEARTBEAT, "n2", "n1", 999))])
         reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=forged)

@@ -212,10 +212,12 @@ class Client:
         return self.placement.nodes
 
     # ---- one counted call ------------------------------------------------------------
-    async def _call(self, op: str, node_id: str, method: str, path: str, **kw: Any) -> _http.Reply:
+    async def _call(
+        self, op: str, node_id: str, method: str, path: str, *, once: bool = False, **kw: Any
+    ) -> _http.Reply:
         """One call to node `node_id`; with replication, to the leader of replica group
-        `node_id`, wherever it is now (zdmq/routing.py). A pop is sent again only where
-        it surely did not run."""
+        `node_id`, wherever it is now (zdmq/routing.py). A call that must not run twice
+        (`once`: a pop) is sent again only where it surely did not run."""
         session = self._session
         if session is None:
             raise RuntimeError("the client is closed: use it inside `async with`")
@@ -231,7 +233,7 @@ class Client:
             stats.calls += 1
             return _http.call(session, method, urls[target] + path, headers=headers, **kw)
 
-        return await router.call(node_id, send, once=op == "pop")
+        return await router.call(node_id, send, once=once)
 
     def _begin(self, op: str) -> None:
         self.calls[op].ops += 1
@@ -608,6 +610,7 @@ class Client:
             params={**params, "wait_s": repr(remaining)},
             headers=_ACCEPT,
             timeout_s=remaining + self._timeout_s,
+            once=kind == "pop",
         )
         return _messages(reply, receive, op, self.placement.owner(queue))
 
@@ -642,8 +645,13 @@ class Client:
                 f"/v1/queues/{queue}/{kind}",
                 params=params,
                 headers=_ROUTE_LISTED if listed else _ROUTE_LOCAL,
+                once=kind == "pop",
             )
-        except NodeUnavailable:
+        except NodeUnavailable as e:
+            if kind == "pop" and not e.unsent:
+                # The pop may have taken messages before the call failed: say so rather
+                # than go on to another node (they would be lost without a word).
+                raise
             down.add(node_id)
             msgs: list[Any] = []
         else:

@@ -529,8 +529,14 @@ class RaftCore:
         elif m.type is MsgType.HEARTBEAT:
             self._election_elapsed = 0
             self.leader = m.src
-            self.log.commit_to(m.commit)
-            self._send(MsgType.HEARTBEAT_RESP, m.src)
+            last = self.log.last_index()
+            if m.commit <= last:
+                self.log.commit_to(m.commit)
+                self._send(MsgType.HEARTBEAT_RESP, m.src)
+            else:
+                # The leader vouches for entries this node acknowledged and no longer has:
+                # its log was lost (a disk replaced). Say where it ends, to be caught up.
+                self._send(MsgType.HEARTBEAT_RESP, m.src, reject=True, index=last)
         elif m.type is MsgType.TIMEOUT_NOW:
             self._become_candidate(force=True)
 
@@ -605,7 +611,14 @@ class RaftCore:
                 self._send(MsgType.TIMEOUT_NOW, m.src)
         elif m.type is MsgType.HEARTBEAT_RESP:
             pr.paused = False
-            if pr.match < self.log.last_index():
+            if m.reject and m.index < pr.match:
+                # The follower lost entries it had acknowledged (its log ends at m.index):
+                # find where its log matches again, probing down from there.
+                pr.match = 0
+                pr.next = m.index + 1
+                pr.probing = True
+                self._send_append(m.src, even_if_empty=True)
+            elif pr.match < self.log.last_index():
                 # Empty if `next` ran ahead over a lost append: the follower's rejection
                 # then moves `next` back.
                 self._send_append(m.src, even_if_empty=True)
@@ -633,8 +646,8 @@ class RaftCore:
         hi = min(last + 1, pr.next + self.max_entries_per_msg)
         entries = tuple(self.log.slice(pr.next, hi))
         if len(entries) > 1:
-            size, n = 0, 0
-            for n, e in enumerate(entries):  # noqa: B007 - n is used after the loop
+            size = 0
+            for n, e in enumerate(entries):
                 size += len(e.data or b"")
                 if n and size > self.max_bytes_per_msg:
                     entries = entries[:n]

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from zdmq import _http
 from zdmq.auth import NodeSigner
 from zdmq.config import ClusterConfig
-from zdmq.errors import NodeUnavailable, NotLeader
+from zdmq.errors import BadRequest, NodeUnavailable, NotLeader
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import RaftHost, http_sender
 from zdmq.raft.sqlite_storage import RaftLogStore
@@ -151,16 +151,26 @@ class Member:
         return result
 
     async def propose(self, group: str, cmd: Command) -> Any:
-        """`cmd`'s result once it is committed in `group`'s log and applied here; raises
-        NotLeader when this member does not lead the group (or stops leading it before
-        the command commits: it may still commit later, under the next leader)."""
+        """`cmd`'s result once it is committed in `group`'s log and applied here.
+
+        Raises NotLeader when this member does not lead the group: nothing was proposed,
+        so the call may go to the leader. If this member stops leading after proposing,
+        before the command commits, the command may still commit under the next leader:
+        that raises NodeUnavailable (the outcome is unknown), which a call that must not
+        run twice (a pop) does not retry."""
         host = self.raft
         if host is None:
             raise NodeUnavailable(f"{self.id}: replication is not running")
         try:
-            return await host.propose(group, encode_command(cmd))
+            proposed = host.propose(group, encode_command(cmd))
         except RaftNotLeader as e:
             raise self.not_leader(group, e.leader) from None
+        try:
+            return await proposed
+        except RaftNotLeader:
+            raise NodeUnavailable(
+                f"group {group} changed leader before this call committed: it may still take effect"
+            ) from None
 
     def not_leader(self, group: str, leader: str | None = None) -> NotLeader:
         if leader is None and self.raft is not None:
@@ -195,7 +205,7 @@ class Member:
         found = self.nodes.get(group)
         if found is None:
             if group not in self.members:
-                raise NotLeader(f"no replica group {group!r}", group=group)
+                raise BadRequest(f"{GROUP_HEADER}: no replica group {group[:100]!r}")
             leader = self.router.hint(group)
             raise NotLeader(
                 f"{self.id} is not a member of group {group}", group=group, leader=leader

@@ -1,0 +1,246 @@
+"""Replica groups under faults: 4 real nodes, `replication: 3`, kill -9, SIGSTOP, a lost disk.
+
+Every test records what the cluster acknowledged and checks, after healing and draining,
+that nothing acknowledged is lost, nothing unpushed appears, and (pop mode) nothing is
+handed out twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.cluster.support import placement_of
+from tests.helpers import node_signed, unique, wait_until
+from zdmq import Client, NotLeader, ZdmqError
+from zdmq.local import LocalCluster
+from zdmq.models import dedup_message_id
+
+
+def replicated(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
+    return make_cluster(nodes=4, replication=3)
+
+
+async def health(cluster: LocalCluster, node: str) -> dict[str, Any]:
+    url = cluster.config.node(node).url + "/v1/health"
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return dict(await r.json())
+
+
+async def leaders_settled(cluster: LocalCluster, nodes: list[str]) -> bool:
+    """Every group is led by its own node (the preferred leader), as `nodes` see it."""
+    for n in nodes:
+        try:
+            groups = (await health(cluster, n))["groups"]
+        except aiohttp.ClientError:
+            return False
+        if any(g["leader"] != gid for gid, g in groups.items()):
+            return False
+    return True
+
+
+async def drain(c: Client, queue: str) -> list[str]:
+    got: list[str] = []
+    while batch := await c.pop_many(queue, 100):
+        got += [m.id for m in batch]
+    return got
+
+
+async def drain_acking(c: Client, queue: str, expect: int, within_s: float = 30) -> set[str]:
+    """Receives and acks until `expect` distinct messages came or `within_s` passed; a
+    failed call is tried again (a receive's leases run out, so nothing is lost by it)."""
+    got: set[str] = set()
+    deadline = time.monotonic() + within_s
+    while len(got) < expect and time.monotonic() < deadline:
+        try:
+            batch = await c.receive(queue, 100, visibility_s=30)
+            if batch:
+                await c.ack(queue, [m.receipt for m in batch])
+        except ZdmqError:
+            await asyncio.sleep(0.1)
+            continue
+        got |= {m.id for m in batch}
+    return got
+
+
+class Producers:
+    """`n` producers pushing one message at a time until stopped; every acknowledged id
+    is recorded with the time of its acknowledgement."""
+
+    def __init__(self, client: Client, queue: str, n: int) -> None:
+        self.client, self.queue = client, queue
+        self.acked: dict[str, float] = {}
+        self.failed = 0
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._run(k)) for k in range(n)]
+
+    async def _run(self, k: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            try:
+                mid = await self.client.push(self.queue, f"{k}/{i}".encode())
+            except ZdmqError:
+                self.failed += 1
+                await asyncio.sleep(0.05)
+                continue
+            self.acked[mid] = time.monotonic()
+
+    def acked_between(self, t0: float, t1: float) -> int:
+        return sum(1 for t in self.acked.values() if t0 <= t < t1)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+async def test_pushes_keep_being_acknowledged_while_a_node_is_killed_and_none_is_lost(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = replicated(make_cluster)
+    await wait_until(lambda: leaders_settled(cluster, ["n1"]), timeout_s=15, what="leaders")
+    q = unique("kill")
+    async with Client.from_config(cluster.config_path, timeout_s=3) as c:
+        await c.create_queue(q)
+        producers = Producers(c, q, 4)
+        await asyncio.sleep(1.0)
+        killed_at = time.monotonic()
+        cluster.kill("n2")  # the leader of group n2, and a follower of n1 and n4
+        await asyncio.sleep(4.0)
+        down_until = time.monotonic()
+        await asyncio.to_thread(cluster.start_node, "n2")
+        await asyncio.sleep(1.0)
+        await producers.stop()
+        # While n2 was down, pushes went on: every id's group had a majority left.
+        assert producers.acked_between(killed_at + 2.5, down_until) > 20
+        group_n2 = [m for m in producers.acked if placement_of(cluster).owner(m) == "n2"]
+        assert group_n2, "no push landed on the killed node's group"
+        got = await drain(c, q)
+    assert len(got) == len(set(got)), "a message was handed out twice"
+    assert set(got) == set(producers.acked)  # nothing lost, nothing unexpected
+
+
+async def test_a_paused_leader_is_replaced_and_its_group_takes_writes_within_seconds(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = replicated(make_cluster)
+    await wait_until(lambda: leaders_settled(cluster, ["n2"]), timeout_s=15, what="leaders")
+    q = unique("pause")
+    placement = placement_of(cluster)
+    dedup = next(
+        d for i in range(1000) if placement.owner(dedup_message_id(q, d := f"d{i}")) == "n1"
+    )
+    async with Client.from_config(cluster.config_path, timeout_s=2) as c:
+        await c.create_queue(q)
+        cluster.pause("n1")  # leads group n1 (and the metadata of some queues)
+        try:
+            t0 = time.monotonic()
+            mid = await c.push(q, b"while n1 sleeps", dedup_id=dedup)
+            took = time.monotonic() - t0
+        finally:
+            cluster.resume("n1")
+        assert took < 6.0
+        # n1 comes back as a follower of its group, catches up, and leads it again.
+        await wait_until(lambda: leaders_settled(cluster, ["n1", "n3"]), timeout_s=20, what="n1")
+        got = await c.pop_many(q, 10)
+    assert [m.id for m in got] == [mid]
+
+
+async def test_a_node_that_lost_its_disk_rejoins_with_every_message_it_should_hold(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = replicated(make_cluster)
+    await wait_until(lambda: leaders_settled(cluster, ["n1"]), timeout_s=15, what="leaders")
+    q = unique("disk")
+    async with Client.from_config(cluster.config_path, timeout_s=3) as c:
+        await c.create_queue(q)
+        acked: list[str] = []
+        for _ in range(12):
+            acked += await c.push_many(q, [os.urandom(64) for _ in range(50)])
+        cluster.kill("n3")
+        shutil.rmtree(cluster.config.node_data_dir("n3"))
+        await asyncio.to_thread(cluster.start_node, "n3")
+        await wait_until(lambda: leaders_settled(cluster, ["n3"]), timeout_s=30, what="n3 back")
+
+        # n3 holds copies again: with n1 down too, groups n1 and n4 (and n2) have their
+        # majority only with n3 in it.
+        cluster.kill("n1")
+        got = await drain_acking(c, q, len(acked))
+        await asyncio.to_thread(cluster.start_node, "n1")
+    assert got == set(acked)
+
+
+async def test_pop_hands_no_message_out_twice_across_a_leader_kill(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = replicated(make_cluster)
+    await wait_until(lambda: leaders_settled(cluster, ["n1"]), timeout_s=15, what="leaders")
+    q = unique("popkill")
+    async with Client.from_config(cluster.config_path, timeout_s=3) as c:
+        await c.create_queue(q)
+        acked: list[str] = []
+        for _ in range(8):
+            acked += await c.push_many(q, [os.urandom(32) for _ in range(100)])
+        popped: list[str] = []
+        failed_pops = 0
+
+        async def popper() -> None:
+            nonlocal failed_pops
+            while True:
+                try:
+                    batch = await c.pop_many(q, 5)
+                except ZdmqError:
+                    failed_pops += 1
+                    continue
+                if not batch:
+                    return
+                popped.extend(m.id for m in batch)
+
+        async def kill_soon() -> None:
+            await asyncio.sleep(0.3)
+            cluster.kill("n2")
+
+        await asyncio.gather(popper(), popper(), kill_soon())
+        await asyncio.to_thread(cluster.start_node, "n2")
+        popped += await drain(c, q)
+    assert len(popped) == len(set(popped)), "a message was handed out twice"
+    assert set(popped) <= set(acked)
+    # Only a pop that failed may have taken messages nobody got.
+    missing = set(acked) - set(popped)
+    assert len(missing) <= 5 * failed_pops
+
+
+async def test_a_member_that_does_not_lead_a_group_answers_421_naming_its_leader(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = replicated(make_cluster)
+    await wait_until(lambda: leaders_settled(cluster, ["n2"]), timeout_s=15, what="leaders")
+    target = "/v1/internal/owned-queues"
+    headers = {**node_signed(cluster.config, "n1", "GET", target), "zdmq-group": "n1"}
+    url = cluster.config.node("n2").url + target
+    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
+        assert r.status == 421
+        error = (await r.json())["error"]
+    assert (error["code"], error["group"], error["leader"]) == ("not_leader", "n1", "n1")
+    # The client takes it as a typed, retriable error naming the leader.
+    err = NotLeader("x", group="n1", leader="n1")
+    assert err.retriable and err.to_wire()["error"]["leader"] == "n1"
+
+
+@pytest.mark.parametrize("group", ["n9", "../n1"])
+async def test_a_call_for_a_group_that_does_not_exist_is_refused(
+    make_cluster: Callable[..., LocalCluster], group: str
+) -> None:
+    cluster = replicated(make_cluster)
+    async with aiohttp.ClientSession() as s:
+        url = cluster.config.node("n1").url + "/v1/queues"
+        async with s.get(url, headers={"zdmq-group": group}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["code"] == "bad_request"
