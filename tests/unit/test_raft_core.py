@@ -477,6 +477,8 @@ def test_the_package_exports_exactly_its_public_names() -> None:
     assert all(getattr(zdmq.raft, name) is not None for name in zdmq.raft.__all__)
     assert {n for n in vars(zdmq.raft) if not n.startswith("_")} - {
         "core",
+        "driver",
+        "identity",
         "sim",
         "sqlite_storage",
         "storage",

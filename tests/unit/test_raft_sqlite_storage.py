@@ -462,17 +462,22 @@ def test_a_writer_killed_at_a_seeded_point_loses_nothing_it_acknowledged(
 
 
 def sqlite_disks(tmp: Path | None, tail_entries: int, opened: list[str]) -> sim.DiskOpener:
-    """Each node's log in its own store; with `tmp`, a file reopened at every restart."""
+    """Each node's log in its own store; with `tmp`, a file reopened at every restart
+    (deleted first when the simulation loses the node's disk)."""
     stores: dict[str, RaftLogStore] = {}
 
-    def open_disk(node: str) -> GroupLog:
+    def open_disk(node: str, lost: bool) -> GroupLog:
         if tmp is None:
-            if node not in stores:
+            if node not in stores or lost:
                 stores[node] = RaftLogStore(None, "memory", tail_entries=tail_entries)
         else:
+            path = tmp / f"{node}.sqlite3"
             if node in stores:
                 stores[node].close()
-            stores[node] = RaftLogStore(tmp / f"{node}.sqlite3", "os", tail_entries=tail_entries)
+            if lost:  # the disk is gone: the file and its WAL
+                for f in (path, path.with_name(path.name + "-wal")):
+                    f.unlink(missing_ok=True)
+            stores[node] = RaftLogStore(path, "os", tail_entries=tail_entries)
         opened.append(node)
         return stores[node].group("g")
 

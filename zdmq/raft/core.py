@@ -35,6 +35,19 @@ What it does (Raft, Ongaro and Ousterhout 2014, with etcd-io/raft's refinements)
   * A leader that steps down (a higher term, a lost quorum) is a follower from that
     moment: `propose` raises `NotLeader` carrying the leader it knows of and its term.
 
+Members whose storage may be new (see zdmq/raft/identity.py for the rule that sets these):
+  * `probation`: peers whose grants and acknowledgements this core does not count,
+    because their store was replaced (a lost disk) and may lack entries their earlier
+    store acknowledged. A grant from one counts as a rejection, its matched index
+    is left out when the leader counts replicas to commit, CheckQuorum does not
+    count it as heard from, and it gets no vote (its log may be short of what it once
+    held, so "at least as up to date as mine" proves nothing). It is still replicated
+    to (that is how it catches up).
+  * `empty_log_guard` (constructor option): a core whose log is empty grants a
+    (pre-)vote only to a candidate whose log is empty too. An empty log may be a lost
+    one, and "the candidate is at least as up to date as I am" then says nothing. On a
+    cluster's first boot every log is empty, so elections run as usual.
+
 Not built yet: snapshots and log compaction (the log grows without bound), membership
 changes (the peer set is fixed at construction), learners, and linearizable reads.
 """
@@ -256,6 +269,7 @@ class RaftCore:
         max_entries_per_msg: int = MAX_ENTRIES_PER_MSG,
         pre_vote: bool = True,
         check_quorum: bool = True,
+        empty_log_guard: bool = False,
     ) -> None:
         self.id = node_id
         self.peers = tuple(sorted(set(peers) | {node_id}))
@@ -285,6 +299,12 @@ class RaftCore:
         self._heartbeat_elapsed = 0
         self._timeout = self._random_timeout()
         self._msgs: list[Message] = []
+        # As follower: the index up to which an append of this term showed this log to
+        # match the leader's (a heartbeat's commit is taken only up to there).
+        self._matched = 0
+        #: Peers whose votes and acknowledgements are not counted (set by the driver).
+        self.probation: frozenset[str] = frozenset()
+        self.empty_log_guard = empty_log_guard
 
     # -- the driver's inputs --------------------------------------------------------------
 
@@ -300,7 +320,11 @@ class RaftCore:
             self._election_elapsed = 0
             self._transferee = None
             if self.check_quorum:
-                heard = sum(1 for p, pr in self.progress.items() if p == self.id or pr.active)
+                heard = sum(
+                    1
+                    for p, pr in self.progress.items()
+                    if p == self.id or (pr.active and p not in self.probation)
+                )
                 if heard < self._quorum():
                     self._become_follower(self.term, None)
                     return
@@ -320,6 +344,24 @@ class RaftCore:
             raise NotLeader(self._transferee, self.term)
         index = self.log.last_index() + 1
         self.log.append([Entry(self.term, index, data)])
+        self._maybe_commit()
+        self._broadcast_append()
+        return index
+
+    def forget_progress(self, peer: str) -> None:
+        """As leader, forgets what `peer`'s log was known to hold (its store was replaced):
+        it is probed again from the end of this log."""
+        if self.role is Role.LEADER and peer in self.progress and peer != self.id:
+            old = self.progress[peer]
+            self.progress[peer] = Progress(next=self.log.last_index() + 1, active=old.active)
+
+    def append_empty(self) -> int:
+        """As leader, appends an empty entry (as at the start of a term), so the commit
+        index moves when there is nothing else to commit; returns its index."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader, self.term)
+        index = self.log.last_index() + 1
+        self.log.append([Entry(self.term, index, None)])
         self._maybe_commit()
         self._broadcast_append()
         return index
@@ -463,6 +505,7 @@ class RaftCore:
         self._timeout = self._random_timeout()
         self._votes = {}
         self._transferee = None
+        self._matched = 0
         if self.role is not Role.LEADER:
             self.progress = {}
 
@@ -508,6 +551,10 @@ class RaftCore:
             or (pre and m.term > self.term)
         )
         resp = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
+        if m.src in self.probation or (
+            self.empty_log_guard and m.index > 0 and self.log.last_index() == 0
+        ):
+            can_vote = False
         if can_vote and self.log.is_up_to_date(m.index, m.log_term):
             # A granted PreVote answers at the asked-for term, so the candidate counts it.
             self._msgs.append(Message(resp, self.id, m.src, m.term))
@@ -525,8 +572,13 @@ class RaftCore:
         elif m.type is MsgType.HEARTBEAT:
             self._election_elapsed = 0
             self.leader = m.src
-            self.log.commit_to(m.commit)
-            self._send(MsgType.HEARTBEAT_RESP, m.src)
+            # The leader sends the commit index capped at what it believes this log
+            # matches; after a restart, or a lost disk, that belief may be stale, so the
+            # commit is taken only as far as an append of this term showed the logs
+            # match, and a rejecting answer asks the leader for an append.
+            matched = max(self._matched, self.log.committed)
+            self.log.commit_to(min(m.commit, matched))
+            self._send(MsgType.HEARTBEAT_RESP, m.src, reject=m.commit > matched)
         elif m.type is MsgType.TIMEOUT_NOW:
             self._become_candidate(force=True)
 
@@ -539,7 +591,7 @@ class RaftCore:
         want = MsgType.PRE_VOTE_RESP if self.role is Role.PRE_CANDIDATE else MsgType.VOTE_RESP
         if m.type is not want:
             return
-        self._votes.setdefault(m.src, not m.reject)
+        self._votes.setdefault(m.src, not m.reject and m.src not in self.probation)
         outcome = self._tally()
         if outcome == "won":
             self._won(MsgType.PRE_VOTE if want is MsgType.PRE_VOTE_RESP else MsgType.VOTE)
@@ -558,6 +610,7 @@ class RaftCore:
             if conflict:
                 log.append(m.entries[conflict - m.index - 1 :])
             log.commit_to(min(m.commit, last_new))
+            self._matched = max(self._matched, last_new)
             self._send(MsgType.APPEND_RESP, m.src, index=last_new)
             return
         hint = log.hint_at_or_before(m.index, m.log_term)
@@ -601,7 +654,7 @@ class RaftCore:
                 self._send(MsgType.TIMEOUT_NOW, m.src)
         elif m.type is MsgType.HEARTBEAT_RESP:
             pr.paused = False
-            if pr.match < self.log.last_index():
+            if pr.match < self.log.last_index() or m.reject:
                 # Empty if `next` ran ahead over a lost append: the follower's rejection
                 # then moves `next` back.
                 self._send_append(m.src, even_if_empty=True)
@@ -611,8 +664,14 @@ class RaftCore:
     def _maybe_commit(self) -> bool:
         """Commit the highest index a majority holds, if that entry is of this term (5.4.2)."""
         self.progress[self.id].match = self.log.last_index()
-        matches = sorted((pr.match for pr in self.progress.values()), reverse=True)
-        index = matches[self._quorum() - 1]
+        probation = self.probation
+        matches = sorted(
+            (pr.match for p, pr in self.progress.items() if p not in probation), reverse=True
+        )
+        q = self._quorum()
+        if len(matches) < q:
+            return False
+        index = matches[q - 1]
         if index > self.log.committed and self.log.term_at(index) == self.term:
             return self.log.commit_to(index)
         return False
