@@ -612,6 +612,8 @@ async def test_a_lost_store_cannot_elect_a_node_missing_a_committed_entry(tmp_pa
         # B caught up: A lifted its probation (with an empty entry of its own if needed).
         await until(lambda: c.hosts["n0"].on_probation("g") == frozenset(), "B's probation lifted")
         assert c.hosts["n0"].counters["probations_lifted"] >= 1
+        # B's new store knows it holds its leader's commit now, and keeps that.
+        await until(lambda: c.stores["n1"].self_states().get("g", (False,))[0], "B proven")
         # B now counts: with C down, A commits with B alone, and after A restarts, B's
         # vote elects it.
         await c.stop("n2")

@@ -43,10 +43,20 @@ Members whose storage may be new (see zdmq/raft/identity.py for the rule that se
     count it as heard from, and it gets no vote (its log may be short of what it once
     held, so "at least as up to date as mine" proves nothing). It is still replicated
     to (that is how it catches up).
-  * `empty_log_guard` (constructor option): a core whose log is empty grants a
-    (pre-)vote only to a candidate whose log is empty too. An empty log may be a lost
-    one, and "the candidate is at least as up to date as I am" then says nothing. On a
-    cluster's first boot every log is empty, so elections run as usual.
+  * `store_guard` (constructor option), for stores that may be new:
+    - a core whose log is empty grants a (pre-)vote only to a candidate whose log is
+      empty too. An empty log may be a lost one, and "the candidate is at least as up
+      to date as I am" then says nothing. On a cluster's first boot every log is
+      empty, so elections run as usual.
+    - `proven` (persisted by the driver, with `told`): a store is proven once it has
+      held everything up to a commit index its leader made in its own term (or, as
+      leader, committed in its term). Until then it keeps in `told` the highest
+      (commit index, that leader's term) a leader's message announced, and grants a
+      vote, or campaigns, only for a log at least as up to date as that (a log whose
+      last term is above that leader's holds it; one whose last term is that
+      leader's holds it if it reaches the index). A wiped store that got part of the
+      log back thus vouches only for a candidate holding all it was told is
+      committed. `proven` and `told` are tracked with the guard off too.
 
 Not built yet: snapshots and log compaction (the log grows without bound), membership
 changes (the peer set is fixed at construction), learners, and linearizable reads.
@@ -269,7 +279,9 @@ class RaftCore:
         max_entries_per_msg: int = MAX_ENTRIES_PER_MSG,
         pre_vote: bool = True,
         check_quorum: bool = True,
-        empty_log_guard: bool = False,
+        store_guard: bool = False,
+        proven: bool = True,
+        told: tuple[int, int] = (0, 0),
     ) -> None:
         self.id = node_id
         self.peers = tuple(sorted(set(peers) | {node_id}))
@@ -304,7 +316,11 @@ class RaftCore:
         self._matched = 0
         #: Peers whose votes and acknowledgements are not counted (set by the driver).
         self.probation: frozenset[str] = frozenset()
-        self.empty_log_guard = empty_log_guard
+        self.store_guard = store_guard
+        #: Whether this store has held a leader's own-term commit (see the module doc).
+        self.proven = proven
+        #: While not proven: the highest (commit index, its leader's term) announced.
+        self.told = told
 
     # -- the driver's inputs --------------------------------------------------------------
 
@@ -369,6 +385,11 @@ class RaftCore:
     def campaign(self) -> None:
         """Start an election now (after a PreVote round if PreVote is on)."""
         if self.role is Role.LEADER:
+            return
+        if not self._vouches_for(self.log.last_index(), self.log.last_term()):
+            # It may not stand, but it timed out: it knows no leader (so no lease).
+            self.leader = None
+            self._election_elapsed = 0
             return
         if self.pre_vote:
             self._become_pre_candidate()
@@ -551,8 +572,10 @@ class RaftCore:
             or (pre and m.term > self.term)
         )
         resp = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
-        if m.src in self.probation or (
-            self.empty_log_guard and m.index > 0 and self.log.last_index() == 0
+        if (
+            m.src in self.probation
+            or (self.store_guard and m.index > 0 and self.log.last_index() == 0)
+            or not self._vouches_for(m.index, m.log_term)
         ):
             can_vote = False
         if can_vote and self.log.is_up_to_date(m.index, m.log_term):
@@ -578,8 +601,11 @@ class RaftCore:
             # match, and a rejecting answer asks the leader for an append.
             matched = max(self._matched, self.log.committed)
             self.log.commit_to(min(m.commit, matched))
+            self._heard_commit(m)
             self._send(MsgType.HEARTBEAT_RESP, m.src, reject=m.commit > matched)
-        elif m.type is MsgType.TIMEOUT_NOW:
+        elif m.type is MsgType.TIMEOUT_NOW and self._vouches_for(
+            self.log.last_index(), self.log.last_term()
+        ):
             self._become_candidate(force=True)
 
     def _step_candidate(self, m: Message) -> None:
@@ -611,6 +637,7 @@ class RaftCore:
                 log.append(m.entries[conflict - m.index - 1 :])
             log.commit_to(min(m.commit, last_new))
             self._matched = max(self._matched, last_new)
+            self._heard_commit(m)
             self._send(MsgType.APPEND_RESP, m.src, index=last_new)
             return
         hint = log.hint_at_or_before(m.index, m.log_term)
@@ -659,6 +686,23 @@ class RaftCore:
                 # then moves `next` back.
                 self._send_append(m.src, even_if_empty=True)
 
+    def _heard_commit(self, m: Message) -> None:
+        """A leader's message announced commit index `m.commit` (see `proven`)."""
+        if self.proven or m.commit == 0:
+            return
+        if self.log.committed >= m.commit and self.log.term_at(m.commit) == m.term:
+            self.proven = True
+        elif (m.term, m.commit) > (self.told[1], self.told[0]):
+            self.told = (m.commit, m.term)
+
+    def _vouches_for(self, last_index: int, last_term: int) -> bool:
+        """Whether a log ending at (last_index, last_term) holds what this unproven store
+        was told is committed (always, once proven)."""
+        if not self.store_guard or self.proven or self.told[0] == 0:
+            return True
+        index, term = self.told
+        return last_term > term or (last_term == term and last_index >= index)
+
     # -- replication ----------------------------------------------------------------------
 
     def _maybe_commit(self) -> bool:
@@ -673,6 +717,7 @@ class RaftCore:
             return False
         index = matches[q - 1]
         if index > self.log.committed and self.log.term_at(index) == self.term:
+            self.proven = True
             return self.log.commit_to(index)
         return False
 

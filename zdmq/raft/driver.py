@@ -42,6 +42,16 @@ safety. `receive(payload)` decodes and checks a whole payload, then queues it; a
 that is not well formed, or names a group this node is not in, raises `BadRaftPayload`
 (400 on the HTTP route) and changes nothing.
 
+Lost stores. Every payload carries the sender's store identity (`RaftLogStore.identity`,
+new with every new store file). The host records each peer's in its store (`PeerBook`,
+zdmq/raft/identity.py); a peer seen with another identity than the recorded one lost
+its store, and goes on probation here in every group the two share: its votes and
+acknowledgements do not count and it gets no vote, until it catches up with this node
+as leader (`judge_ack`). The cores also run with `store_guard` and keep their
+`proven` / `told` state in the store, so a node whose own store is new does not vouch
+for a candidate missing what it was told is committed. zdmq/raft/identity.py says why
+this keeps committed entries, and under which faults.
+
 Leadership. A node that is its group's preferred leader campaigns as soon as its host
 starts; and every few ticks a leader that is not its group's preferred leader hands
 leadership to it (`transfer_leadership`) once the preferred node is caught up (its
@@ -340,6 +350,7 @@ class RaftHost:
         self.identity = store.identity
         #: Peers' store identities and probations (zdmq/raft/identity.py), kept in `store`.
         self.book = store.peer_book()
+        self._self_states = store.self_states()
         for gid, members in groups.items():
             if node_id not in members:
                 raise ValueError(f"group {gid!r}: {node_id!r} is not one of its members")
@@ -355,7 +366,9 @@ class RaftHost:
                 election_ticks=election_ticks,
                 heartbeat_ticks=heartbeat_ticks,
                 applied=applied.get(gid, 0),
-                empty_log_guard=True,
+                store_guard=True,
+                proven=self._self_states.get(gid, (False, (0, 0)))[0],
+                told=self._self_states.get(gid, (False, (0, 0)))[1],
             )
             self._cores[gid].probation = self.book.on_probation(gid, members)
         self._peers: dict[str, _Peer] = {
@@ -599,9 +612,15 @@ class RaftHost:
                 return
             self.counters["pumps"] += 1
             writes = [(self._logs[gid], rd) for gid, _, rd in work if rd.entries or rd.hard_state]
-            if writes or self.book.has_changes():
+            selves = {
+                g: (c.proven, c.told)
+                for g, c in self._cores.items()
+                if self._self_states.get(g, (False, (0, 0))) != (c.proven, c.told)
+            }
+            if writes or selves or self.book.has_changes():
                 ids, prob = self.book.take_changes()
-                await asyncio.to_thread(self._persist, writes, ids, prob)
+                await asyncio.to_thread(self._persist, writes, ids, prob, selves)
+                self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
             for gid, _, rd in work:
@@ -620,13 +639,15 @@ class RaftHost:
         writes: list[tuple[GroupLog, Ready]],
         ids: dict[str, str],
         prob: dict[tuple[str, str], int | None],
+        selves: dict[str, tuple[bool, tuple[int, int]]],
     ) -> None:
-        """(In a worker thread.) Every group's Ready, and what changed in the peer book
-        in one transaction and one fsync."""
+        """(In a worker thread.) Every group's Ready, what changed in the peer book and
+        in each core's `proven` / `told`, in one transaction and one fsync."""
         with self.store.batch():
             for glog, rd in writes:
                 glog.persist(rd)
             self.store.save_peer_book(ids, prob)
+            self.store.save_self_states(selves)
 
     def _feed(self) -> None:
         """Gives the inbox to the cores: messages, proposals, then ticks."""
@@ -710,7 +731,7 @@ class RaftHost:
             if core.role is not Role.LEADER or pref is None or pref == self.node_id:
                 continue
             if pref in core.probation:
-                continue
+                continue  # it could not win: this node would not vote for it
             pr = core.progress.get(pref)
             if pr is not None and pr.active and pr.match == core.log.last_index():
                 log.debug("%s hands group %s to its preferred leader %s", self.node_id, gid, pref)

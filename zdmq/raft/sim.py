@@ -11,19 +11,23 @@ on another `WritableStorage` (the SQLite log, reopened from its file at each res
 run's outcome depends only on its seed, whatever the disk.
 
 Disk loss: a crash may also lose the node's disk; it restarts empty, with a new store
-identity, and its peer book (zdmq/raft/identity.py) gone with it. The driver applies
-the same rule as `RaftHost`, from zdmq/raft/identity.py: every message carries its
-sender's identity, a receiver puts a sender seen with a new one on probation
-(`RaftCore.probation`, `PeerBook`) and lifts it with `judge_ack`, and cores run with
-`empty_log_guard`. The exact fault model for disks: a disk is lost whole, only on a
-crash, only while every other node's log is not empty, and only once every node that
-lost its disk before has recovered (its commit index reached the highest index
-committed anywhere when it lost it, and no node holds it on probation); any number of
-other nodes may meanwhile crash, pause or be cut off, and the old store's messages
-still in flight are delivered as any others. With `identity_rule=False` the drivers
-ignore identities (a leader still starts over with a replaced follower, the mechanics
-of catching a new disk up), as hosts without the rule would, and some seeds then lose
-a committed entry: see `DISK_LOSS_WITHOUT_RULE`.
+identity, and its peer book and proven/told state (zdmq/raft/identity.py) gone with
+it. The driver applies the same rule as `RaftHost`, from zdmq/raft/identity.py: every
+message carries its sender's identity, a receiver puts a sender seen with a new one on
+probation (`RaftCore.probation`, `PeerBook`) and lifts it with `judge_ack`, and cores
+run with `store_guard` and keep `proven` / `told` on their disk (lost with it).
+The exact fault model for disks: a disk is lost whole, only on a crash, only while
+every other node is proven (`RaftCore.proven`, which every member of a healthy group
+is shortly after its first election), and only once every node that lost its disk
+before has recovered (its commit index reached the highest index committed anywhere
+when it lost it, and every other node has seen its new store and lifted its
+probation); any number of other nodes may meanwhile crash, pause or be cut off, and
+the old store's messages still in flight are delivered as any others. Disk losses
+draw from their own random stream, so a seed's other faults are the same with or
+without them. With `identity_rule=False` the drivers ignore identities (a leader
+still starts over with a replaced follower, the mechanics of catching a new disk up),
+as hosts without the rule would, and some seeds then lose a committed entry: see
+`DISK_LOSS_WITHOUT_RULE`.
 
 Checked all along: at most one leader per term; a node's term never goes back and its
 vote never changes within a term on disk; a committed entry never changes (same index,
@@ -62,6 +66,9 @@ DiskOpener = Callable[[str, bool], WritableStorage]
 #: (3 nodes, the default config): `python -m zdmq.raft.sim --seed N --no-identity-rule`.
 DISK_LOSS_WITHOUT_RULE = 2
 
+#: The default chance that a crash also loses the node's disk (the most a seed draws).
+DISK_LOSS = 0.3
+
 #: The group id the simulated nodes use in their peer books.
 GROUP = "g"
 
@@ -91,7 +98,7 @@ class SimConfig:
     crash_leader: float = 0.08
     down_steps: tuple[int, int] = (2, 50)
     #: The chance that a crash also loses the node's disk (see the module docstring).
-    disk_loss: float = 0.3
+    disk_loss: float = DISK_LOSS
     #: Whether drivers apply zdmq/raft/identity.py's rule (off: to show the hazard).
     identity_rule: bool = True
     pause: float = 0.012
@@ -149,6 +156,8 @@ class _Node:
     #: The store's identity, and what its disk holds besides the log.
     identity: str = ""
     book: PeerBook = field(default_factory=PeerBook)
+    proven: bool = False
+    told: tuple[int, int] = (0, 0)
     #: Restarts with a new empty disk.
     lose_disk: bool = False
     #: While recovering from a lost disk: the commit index it must reach.
@@ -266,9 +275,10 @@ class _Sim:
     def _may_lose_disk(self, n: _Node) -> bool:
         """Whether every other node that lost its disk has recovered: its log reached the
         commit index of its loss, and every other node has seen its new store and lifted
-        its probation; and every
-        other node's log is not empty (two members with no log are a first boot)."""
-        if any(o is not n and o.disk.last_index() == 0 for o in self.nodes.values()):
+        its probation; and every other node is proven (`RaftCore.proven`: it held its
+        leader's own-term commit once), so its log is not empty (two members with no log
+        are a first boot) and it knows what it was told is committed."""
+        if any(o is not n and not o.proven for o in self.nodes.values()):
             return False
         for o in self.nodes.values():
             if o is n or o.recover_to is None:
@@ -301,6 +311,7 @@ class _Sim:
         if lost or not n.identity:
             n.identity = f"{n.id}.{n.starts}"
             n.book = PeerBook()
+            n.proven, n.told = False, (0, 0)
         rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
         n.core = RaftCore(
             n.id,
@@ -309,7 +320,9 @@ class _Sim:
             rng,
             election_ticks=self.cfg.election_ticks,
             max_entries_per_msg=self.batch,
-            empty_log_guard=self.cfg.identity_rule,
+            store_guard=self.cfg.identity_rule,
+            proven=n.proven,
+            told=n.told,
         )
         if self.cfg.identity_rule:
             n.core.probation = n.book.on_probation(GROUP, self.ids)
@@ -448,6 +461,7 @@ class _Sim:
             if e.data is not None and e.data in self.proposals:
                 self.acked.add(e.data)
         core.advance(rd)
+        n.proven, n.told = core.proven, core.told  # persisted with the Ready
         log = core.log
         if log.committed > n.checked:
             for e in log.slice(n.checked + 1, log.committed + 1):
@@ -524,6 +538,8 @@ class _Sim:
 
 def replay_command(seed: int, cfg: SimConfig) -> str:
     cmd = f"python -m zdmq.raft.sim --seed {seed} --steps {cfg.steps} --nodes {cfg.nodes}"
+    if cfg.disk_loss != DISK_LOSS:
+        cmd += f" --disk-loss {cfg.disk_loss}"
     return cmd if cfg.identity_rule else cmd + " --no-identity-rule"
 
 
@@ -553,8 +569,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="drivers ignore store identities (shows what a lost disk does without the rule)",
     )
+    ap.add_argument(
+        "--disk-loss",
+        type=float,
+        default=DISK_LOSS,
+        help="the chance a crash also loses the disk (the most a seed draws)",
+    )
     args = ap.parse_args(argv)
-    cfg = SimConfig(nodes=args.nodes, steps=args.steps, identity_rule=args.identity_rule)
+    cfg = SimConfig(
+        nodes=args.nodes,
+        steps=args.steps,
+        identity_rule=args.identity_rule,
+        disk_loss=args.disk_loss,
+    )
     for seed in range(args.seed, args.seed + args.seeds):
         try:
             r = run(seed, cfg, print if args.trace else None)

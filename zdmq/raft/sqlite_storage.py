@@ -28,6 +28,7 @@ Tables (named raft_* so they can share a file with the node's other tables):
     raft_log         (group, index) -> term, data
     raft_peers       peer -> identity: the store identity last seen from each peer
     raft_probation   (group, peer) -> since: peers on probation here (zdmq/raft/identity.py)
+    raft_self        group -> proven, told index, told term (`RaftCore.proven`, `told`)
 
 Reads are served from memory where cheap, so the core's hot reads never reach SQLite:
 each group keeps its hard state and last index, its log's terms as runs (the first index
@@ -87,6 +88,12 @@ CREATE TABLE IF NOT EXISTS raft_log (
 CREATE TABLE IF NOT EXISTS raft_peers (
     peer TEXT PRIMARY KEY,
     identity TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_self (
+    grp TEXT PRIMARY KEY,
+    proven INTEGER NOT NULL,
+    told_index INTEGER NOT NULL,
+    told_term INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS raft_probation (
     grp TEXT NOT NULL,
@@ -212,6 +219,23 @@ class RaftLogStore:
                         "INSERT OR REPLACE INTO raft_probation (grp, peer, since) VALUES (?, ?, ?)",
                         (grp, peer, since),
                     )
+
+    def self_states(self) -> dict[str, tuple[bool, tuple[int, int]]]:
+        """Group -> (proven, told) as last saved; a group not listed is not proven and
+        was told nothing."""
+        self._check()
+        rows = self._conn.execute("SELECT grp, proven, told_index, told_term FROM raft_self")
+        return {g: (bool(p), (i, t)) for g, p, i, t in rows}
+
+    def save_self_states(self, states: dict[str, tuple[bool, tuple[int, int]]]) -> None:
+        if not states:
+            return
+        with self._transaction():
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO raft_self (grp, proven, told_index, told_term) "
+                "VALUES (?, ?, ?, ?)",
+                [(g, int(p), i, t) for g, (p, (i, t)) in states.items()],
+            )
 
     # -- transactions ---------------------------------------------------------------------
 
