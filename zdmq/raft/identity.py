@@ -55,32 +55,40 @@ member's disk before then may have to wait for the member holding the data to be
 elected by someone else, or stay without a leader.
 
 The replaced node itself, which has no record of what it lost, guards its own vote
-(this covers the candidates that never heard from the old store and so have nothing
-recorded for it: followers of a stable leader never talk to each other), with
-`RaftCore.store_guard`:
-  * a node whose log is empty grants a vote only to a
-    candidate whose log is empty too. In the example above, B refuses C even if C has no
-    identity recorded for B. A first boot still elects, since every log is empty.
-  * `RaftCore.proven` / `told` (kept per group in the store, `raft_self`): a store that
-    has not yet held everything up to a commit index its leader made in its own term is
-    not proven; meanwhile it remembers the highest commit index (and that leader's term)
-    a leader announced to it, and grants a vote, or campaigns, only for a log at least
-    as up to date as that. A wiped store that got part of the log back therefore does
-    not vouch for a candidate missing entries it was told are committed. A store that
-    was told nothing yet (a first boot before the first commit) votes as usual.
+with `RaftCore.store_guard` (this covers the candidates that never heard from the old
+store and so have nothing recorded for it: followers of a stable leader never talk to
+each other):
+  * a node whose log is empty grants a vote only to a candidate whose log is empty
+    too. In the example above, B refuses C even if C has no identity recorded for B.
+    A first boot still elects, since every log is empty.
+  * `RaftCore.proven` / `told` (kept per group in the store, `raft_self`): a store
+    that has not yet held everything up to a commit index its leader made in its own
+    term is not proven; meanwhile it remembers the highest commit index (and that
+    leader's term) a leader announced to it, and grants a vote, or campaigns, only for
+    a log at least as up to date as that. A wiped store that got part of the log back
+    therefore does not vouch for a candidate missing entries it was told are
+    committed. A store that was told nothing yet (a first boot before the first
+    commit) votes as usual.
 
 The fault model this is built for (and zdmq/raft/sim.py checks): a store is lost
-whole (never rolled back to an older copy of itself, which would keep its identity);
-a member loses its store only when no other member is still recovering from a lost
-one (its log has reached the commit index of its loss and no member holds it on
-probation) and every other member is proven (`RaftCore.proven`: it has held its
-leader's own-term commit once, as every member of a healthy group does shortly after
-its first election; a lost log and one that never received anything look alike, and
-two of them are a first boot); messages may be lost,
-duplicated, delayed and reordered, including those of the old store; any number of
-members may crash, pause or be cut off meanwhile. With a member down as well, a group
-may then stop electing until it comes back, as it must: it may be the only one left
-holding some committed entry.
+whole; a member loses its store only when no other member is still recovering from a
+lost one (its log has reached the commit index of its loss, and every member has seen
+its new store and lifted its probation) and every other member is proven (it has held
+its leader's own-term commit once, as every member of a healthy group does shortly
+after its first election; a lost log and one that never received anything look
+alike, and two of them are a first boot); messages may be lost, duplicated, delayed
+and reordered, including those of the old store; any number of members may crash,
+pause or be cut off meanwhile. With a member down as well, a group may then stop
+electing until it comes back, as it must: it may be the only one left holding some
+committed entry.
+
+Known limits. A store restored from a copy keeps its identity: its rollback is not
+seen. A leader that never received anything from a peer's old store has nothing
+recorded for it, so it counts the new store's acknowledgements at once; if that leader
+was also deposed by a majority that counted the old store, the new store (which has
+forgotten the higher term) could help it commit. That takes a leader cut off from one
+member for that member's whole life, and the simulation has not reached it, but the
+argument above does not exclude it.
 """
 
 from __future__ import annotations
