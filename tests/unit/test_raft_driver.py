@@ -47,6 +47,7 @@ from zdmq.server.http import App, serve_app
 TICK_S = 0.02
 WAIT_S = 10.0  # bound on any single wait; a healthy run takes a fraction of it
 SECRET = b"s" * 32
+ID = "0123abcd"  # a store identity for payloads a test makes up
 
 
 async def until(pred: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> float:
@@ -216,17 +217,17 @@ def test_messages_round_trip_through_a_payload() -> None:
         (
             "g1",
             Message(
-                MsgType.APPEND_RESP, "b", "a", 5, index=9, reject=True, reject_hint=3, log_term=2
+                MsgType.APPEND_RESP, "a", "b", 5, index=9, reject=True, reject_hint=3, log_term=2
             ),
         ),
         ("g3", Message(MsgType.VOTE, "a", "b", 6, index=7, log_term=5, force=True)),
     ]
-    assert decode_messages(encode_messages(msgs)) == msgs
-    assert decode_messages(encode_messages([])) == []
+    assert decode_messages(encode_messages(msgs, "0f3a")) == ("0f3a", msgs)
+    assert decode_messages(encode_messages([], "A-z_9" * 12)) == ("A-z_9" * 12, [])
 
 
-def _raw(*items: Any) -> bytes:
-    return msgpack.packb(list(items), use_bin_type=True)
+def _raw(*items: Any, identity: Any = "5e1f") -> bytes:
+    return msgpack.packb([identity, list(items)], use_bin_type=True)
 
 
 def _good(**over: Any) -> list[Any]:
@@ -258,6 +259,16 @@ def _good(**over: Any) -> list[Any]:
         b"\xc1",  # a byte msgpack never uses
         b"\x92\x01",  # an array cut short
         msgpack.packb({"a": 1}),
+        msgpack.packb([_good()]),  # messages without the identity
+        msgpack.packb(["5e1f", [_good()], 0]),
+        msgpack.packb(["5e1f", {}]),
+        _raw(_good(), identity=7),
+        _raw(_good(), identity=None),
+        _raw(_good(), identity=""),
+        _raw(_good(), identity="x" * 65),
+        _raw(_good(), identity="not an id"),
+        _raw(_good(), identity=b"5e1f"),
+        _raw(_good(), _good(src="c")),  # two senders in one payload
         _raw([1, 2, 3]),
         _raw(_good(type=99)),
         _raw(_good(term=-1)),
@@ -397,10 +408,10 @@ async def test_a_malformed_payload_raises_the_typed_error_and_the_host_keeps_wor
         host = c.hosts["n1"]
         bad = [
             b"\xc1garbage",
-            encode_messages([("unknown", Message(MsgType.HEARTBEAT, "n0", "n1", 1))]),
-            encode_messages([("n0", Message(MsgType.HEARTBEAT, "n0", "n2", 1))]),  # not for n1
-            encode_messages([("n0", Message(MsgType.HEARTBEAT, "n1", "n1", 1))]),  # from itself
-            encode_messages([("n1", Message(MsgType.HEARTBEAT, "n4", "n1", 1))]),  # no member
+            encode_messages([("unknown", Message(MsgType.HEARTBEAT, "n0", "n1", 1))], ID),
+            encode_messages([("n0", Message(MsgType.HEARTBEAT, "n0", "n2", 1))], ID),  # not n1's
+            encode_messages([("n0", Message(MsgType.HEARTBEAT, "n1", "n1", 1))], ID),  # itself
+            encode_messages([("n1", Message(MsgType.HEARTBEAT, "n4", "n1", 1))], ID),  # no member
         ]
         received = host.counters["messages_received"]
         for payload in bad:
@@ -412,12 +423,13 @@ async def test_a_malformed_payload_raises_the_typed_error_and_the_host_keeps_wor
             [
                 ("n0", Message(MsgType.HEARTBEAT, "n0", "n1", 999)),
                 ("nope", Message(MsgType.HEARTBEAT, "n0", "n1", 999)),
-            ]
+            ],
+            ID,
         )
         with pytest.raises(BadRaftPayload):
             host.receive(mixed)
         # A message whose sender is not the node the payload came from.
-        forged = encode_messages([("n0", Message(MsgType.HEARTBEAT, "n2", "n1", 999))])
+        forged = encode_messages([("n0", Message(MsgType.HEARTBEAT, "n2", "n1", 999))], ID)
         with pytest.raises(BadRaftPayload):
             host.receive(forged, sender="n0")
         assert host.running and host.failed is None
@@ -441,7 +453,7 @@ async def test_an_apply_that_raises_stops_the_host_rather_than_skip_an_entry(
         with pytest.raises(RaftHostStopped):
             h.propose("n2", b"x")
         with pytest.raises(RaftHostStopped):
-            h.receive(encode_messages([]))
+            h.receive(encode_messages([], ID))
         # The others carry on: each group keeps a quorum without n2.
         await until(lambda: c.leader_of("n2") in ("n0", "n1"), "n2's group moves")
         await propose_on_leader(c, "n2", b"on")
@@ -502,6 +514,157 @@ async def test_a_peers_queue_is_bounded_and_failed_sends_are_counted(tmp_path: P
     finally:
         await host.stop()
         store.close()
+
+
+# ---- lost stores -------------------------------------------------------------------------------
+def one_group(tmp: Path, preferred: str | None, **kw: Any) -> Cluster:
+    """Three nodes in one group "g" (preferred leader `preferred`, or none)."""
+    c = Cluster(tmp, 3, preferred={"g": preferred} if preferred else {}, **kw)
+    c.groups = {"g": list(c.ids)}
+    return c
+
+
+def lose_disk(c: Cluster, node: str) -> None:
+    """Deletes a stopped node's store file, and its state machine with it."""
+    assert node not in c.hosts
+    path = c.tmp / f"{node}.sqlite3"
+    for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        f.unlink(missing_ok=True)
+    c.applied[node] = {}
+
+
+async def test_a_fresh_cluster_elects_with_no_preferred_leader_and_sends_its_identity(
+    tmp_path: Path,
+) -> None:
+    c = one_group(tmp_path, None)
+    sent: list[tuple[str, bytes]] = []
+    local = c.send_for
+
+    def recording(src: str) -> Callable[[str, bytes], Any]:
+        inner = local(src)
+
+        async def send(peer: str, payload: bytes) -> None:
+            sent.append((src, payload))
+            await inner(peer, payload)
+
+        return send
+
+    c.send_for = recording
+    try:
+        for node in c.ids:
+            c.start(node)
+        await until(lambda: c.leader_of("g") is not None, "a leader by election timeouts")
+        lead = c.leader_of("g")
+        assert lead is not None
+        assert await c.hosts[lead].propose("g", b"first") is not None
+        await until(lambda: c.converged("g", 1), "applied everywhere")
+        for src, payload in sent:
+            identity, msgs = decode_messages(payload)
+            assert identity == c.stores[src].identity
+            assert all(m.src == src for _, m in msgs)
+        for node in c.ids:
+            h = c.hosts[node]
+            assert h.on_probation("g") == frozenset() and h.counters["replaced_peers"] == 0
+            assert not h.book.probation
+        # The leader heard from both followers: it recorded their stores.
+        assert c.hosts[lead].book.identities == {
+            n: c.stores[n].identity for n in c.ids if n != lead
+        }
+    finally:
+        await c.close()
+
+
+async def test_a_lost_store_cannot_elect_a_node_missing_a_committed_entry(tmp_path: Path) -> None:
+    """The group {A, B, C} = {n0, n1, n2}: entry e committed on A and B only; B's store
+    file is deleted, A is down. C (without e) and the new B elect no one; once A is
+    back, A leads with e, B catches up, e is applied everywhere, and A lifts B's
+    probation, after which B's acknowledgements and votes count again."""
+    c = one_group(tmp_path, "n0")
+    try:
+        for node in c.ids:
+            c.start(node)
+        await until(lambda: c.leader_of("g") == "n0", "n0 leads")
+        old_b = c.stores["n1"].identity
+        c.sides = {"n0": 0, "n1": 0, "n2": 1}  # C misses e
+        await c.hosts["n0"].propose("g", b"e")
+        committed = c.hosts["n0"].commit_index("g")
+        assert c.hosts["n1"].last_index("g") >= committed > c.hosts["n2"].last_index("g")
+        await c.stop("n0")
+        await c.stop("n1")
+        lose_disk(c, "n1")
+        c.sides = None
+        c.start("n1")
+        assert c.stores["n1"].identity != old_b
+        # Ten election timeouts at least: neither may win (B's empty log vouches for no
+        # one; C's log is not the group's).
+        t_end = time.monotonic() + 25 * 10 * TICK_S
+        while time.monotonic() < t_end:
+            assert not c.hosts["n1"].is_leader("g") and not c.hosts["n2"].is_leader("g")
+            await asyncio.sleep(TICK_S)
+        assert c.hosts["n2"].commit_index("g") < committed
+        # A comes back: it sees B's new store, puts it on probation, and leads with e.
+        c.start("n0")
+        await until(lambda: c.hosts["n0"].counters["replaced_peers"] >= 1, "A sees B's new store")
+        assert c.hosts["n0"].book.identities["n1"] == c.stores["n1"].identity
+        await until(lambda: c.leader_of("g") == "n0", "A leads again")
+        await until(lambda: c.converged("g", 1), "e applied on every member")
+        assert all(c.datas(n, "g") == [b"e"] for n in c.ids)
+        # B caught up: A lifted its probation (with an empty entry of its own if needed).
+        await until(lambda: c.hosts["n0"].on_probation("g") == frozenset(), "B's probation lifted")
+        assert c.hosts["n0"].counters["probations_lifted"] >= 1
+        # B's new store knows it holds its leader's commit now, and keeps that.
+        await until(lambda: c.stores["n1"].self_states().get("g", (False,))[0], "B proven")
+        # B now counts: with C down, A commits with B alone, and after A restarts, B's
+        # vote elects it.
+        await c.stop("n2")
+        assert await propose_on_leader(c, "g", b"with B") is not None
+        await c.stop("n0")
+        c.start("n0")
+        await until(lambda: c.leader_of("g") == "n0", "A elected by B's vote")
+        assert await propose_on_leader(c, "g", b"after") is not None
+        await until(
+            lambda: c.datas("n1", "g") == [b"e", b"with B", b"after"], "B applies all of it"
+        )
+    finally:
+        await c.close()
+
+
+async def test_a_probation_survives_a_restart_of_the_host_holding_it(tmp_path: Path) -> None:
+    c = one_group(tmp_path, "n0")
+    try:
+        for node in c.ids:
+            c.start(node)
+        await until(lambda: c.leader_of("g") == "n0", "n0 leads")
+        host = c.hosts["n0"]
+        term = host.leader("g")[1]
+        c.sides = {"n0": 0, "n1": 1, "n2": 0}  # the real n1 cannot answer: nothing lifts it
+        # A payload from n1 with another store identity than the one n0 recorded (what a
+        # lost and recreated store sends).
+        new_b = "b" * 32
+        host.receive(
+            encode_messages([("g", Message(MsgType.HEARTBEAT_RESP, "n1", "n0", term))], new_b)
+        )
+        await until(lambda: "n1" in host.on_probation("g"), "n1 on probation")
+        assert host.book.identities["n1"] == new_b
+        await c.stop("n0")
+        # The probation and the identity are in n0's store.
+        store = RaftLogStore(tmp_path / "n0.sqlite3", "os")
+        try:
+            book = store.peer_book()
+            assert ("g", "n1") in book.probation and book.identities["n1"] == new_b
+        finally:
+            store.close()
+        host = c.start("n0")
+        assert "n1" in host.on_probation("g")
+        await until(lambda: c.leader_of("g") == "n0", "n0 leads again, with n2")
+        # n1's real store answers once the cut heals: n0 takes it for another new store
+        # (probation again), then lifts it once n1 has caught up.
+        c.sides = None
+        await until(lambda: host.book.identities["n1"] == c.stores["n1"].identity, "n1 seen")
+        await until(lambda: host.on_probation("g") == frozenset(), "n1's probation lifted")
+        assert await propose_on_leader(c, "g", b"x") is not None
+    finally:
+        await c.close()
 
 
 # ---- group commit ----------------------------------------------------------------------------
@@ -634,11 +797,11 @@ async def test_hosts_over_http_with_fsync_elect_commit_and_refuse_bad_calls(
         finally:
             net.apps["n1"][app_module.MEMBER].raft = c.hosts["n1"]
         # A message that is not from the calling node (n0 speaking for n2): 400.
-        forged = encode_messages([("n1", Message(MsgType.HEARTBEAT, "n2", "n1", 999))])
+        forged = encode_messages([("n1", Message(MsgType.HEARTBEAT, "n2", "n1", 999))], ID)
         reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=forged)
         assert reply.status == 400
         assert c.hosts["n1"].leader("n1")[1] < 999
-        await _http.call(pool, "POST", url, data=encode_messages([]))  # 204
+        await _http.call(pool, "POST", url, data=encode_messages([], ID))  # 204
         assert await propose_on_leader(c, "n1", b"after") is not None
         # A stopped node: its peers' sends fail (503 from the route), they carry on.
         await c.stop("n2")
@@ -653,7 +816,7 @@ async def test_a_stopped_hosts_route_answers_503(tmp_path: Path) -> None:
     host = RaftHost("n0", c.groups, store, c._local_send("n0"), lambda g, e: None)
     try:
         with pytest.raises(RaftHostStopped) as info:
-            host.receive(encode_messages([]))  # never started
+            host.receive(encode_messages([], ID))  # never started
         assert isinstance(info.value, NodeUnavailable) and info.value.status == 503
     finally:
         store.close()

@@ -458,21 +458,52 @@ def test_a_writer_killed_at_a_seeded_point_loses_nothing_it_acknowledged(
     assert {g: contents(store.group(g)) for g in CRASH_GROUPS} == found
 
 
+# -- what a node knows of its peers' stores and of its own ------------------------------
+
+
+def test_peer_identities_probations_and_proven_states_survive_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "n0.sqlite3"
+    with RaftLogStore(path, "fsync") as store:
+        ident = store.identity
+        assert store.peer_book().identities == {} and store.self_states() == {}
+        with store.batch():
+            store.save_peer_book({"n1": "a1", "n2": "b1"}, {("g", "n1"): 7, ("h", "n1"): 0})
+            store.save_self_states({"g": (False, (9, 3))})
+        store.save_peer_book({"n1": "a2"}, {("h", "n1"): None})  # lifted in h
+        store.save_self_states({"h": (True, (0, 0))})
+    with RaftLogStore(path, "fsync") as store:
+        assert store.identity == ident  # written once, when the file was created
+        book = store.peer_book()
+        assert book.identities == {"n1": "a2", "n2": "b1"}
+        assert book.probation == {("g", "n1"): 7}
+        assert store.self_states() == {"g": (False, (9, 3)), "h": (True, (0, 0))}
+    path.unlink()
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    with RaftLogStore(path, "fsync") as store:  # a lost disk: a new identity, nothing known
+        assert store.identity != ident and store.peer_book().identities == {}
+
+
 # -- the simulation on SQLite disks -------------------------------------------------------
 
 
 def sqlite_disks(tmp: Path | None, tail_entries: int, opened: list[str]) -> sim.DiskOpener:
-    """Each node's log in its own store; with `tmp`, a file reopened at every restart."""
+    """Each node's log in its own store; with `tmp`, a file reopened at every restart
+    (deleted first when the simulation loses the node's disk)."""
     stores: dict[str, RaftLogStore] = {}
 
-    def open_disk(node: str) -> GroupLog:
+    def open_disk(node: str, lost: bool) -> GroupLog:
         if tmp is None:
-            if node not in stores:
+            if node not in stores or lost:
                 stores[node] = RaftLogStore(None, "memory", tail_entries=tail_entries)
         else:
+            path = tmp / f"{node}.sqlite3"
             if node in stores:
                 stores[node].close()
-            stores[node] = RaftLogStore(tmp / f"{node}.sqlite3", "os", tail_entries=tail_entries)
+            if lost:  # the disk is gone: the file and its WAL
+                for f in (path, path.with_name(path.name + "-wal")):
+                    f.unlink(missing_ok=True)
+            stores[node] = RaftLogStore(path, "os", tail_entries=tail_entries)
         opened.append(node)
         return stores[node].group("g")
 

@@ -35,6 +35,29 @@ What it does (Raft, Ongaro and Ousterhout 2014, with etcd-io/raft's refinements)
   * A leader that steps down (a higher term, a lost quorum) is a follower from that
     moment: `propose` raises `NotLeader` carrying the leader it knows of and its term.
 
+Members whose storage may be new (see zdmq/raft/identity.py for the rule that sets these):
+  * `probation`: peers whose grants and acknowledgements this core does not count,
+    because their store was replaced (a lost disk) and may lack entries their earlier
+    store acknowledged. A grant from one counts as a rejection, its matched index
+    is left out when the leader counts replicas to commit, CheckQuorum does not
+    count it as heard from, and it gets no vote (its log may be short of what it once
+    held, so "at least as up to date as mine" proves nothing). It is still replicated
+    to (that is how it catches up).
+  * `store_guard` (constructor option), for stores that may be new:
+    - a core whose log is empty grants a (pre-)vote only to a candidate whose log is
+      empty too. An empty log may be a lost one, and "the candidate is at least as up
+      to date as I am" then says nothing. On a cluster's first boot every log is
+      empty, so elections run as usual.
+    - `proven` (persisted by the driver, with `told`): a store is proven once it has
+      held everything up to a commit index its leader made in its own term (or, as
+      leader, committed in its term). Until then it keeps in `told` the highest
+      (commit index, that leader's term) a leader's message announced, and grants a
+      vote, or campaigns, only for a log at least as up to date as that (a log whose
+      last term is above that leader's holds it; one whose last term is that
+      leader's holds it if it reaches the index). A wiped store that got part of the
+      log back thus vouches only for a candidate holding all it was told is
+      committed. `proven` and `told` are tracked with the guard off too.
+
 Not built yet: snapshots and log compaction (the log grows without bound), membership
 changes (the peer set is fixed at construction), learners, and linearizable reads.
 """
@@ -259,6 +282,9 @@ class RaftCore:
         max_bytes_per_msg: int = MAX_BYTES_PER_MSG,
         pre_vote: bool = True,
         check_quorum: bool = True,
+        store_guard: bool = False,
+        proven: bool = True,
+        told: tuple[int, int] = (0, 0),
     ) -> None:
         self.id = node_id
         self.peers = tuple(sorted(set(peers) | {node_id}))
@@ -289,6 +315,16 @@ class RaftCore:
         self._heartbeat_elapsed = 0
         self._timeout = self._random_timeout()
         self._msgs: list[Message] = []
+        # As follower: the index up to which an append of this term showed this log to
+        # match the leader's (a heartbeat's commit is taken only up to there).
+        self._matched = 0
+        #: Peers whose votes and acknowledgements are not counted (set by the driver).
+        self.probation: frozenset[str] = frozenset()
+        self.store_guard = store_guard
+        #: Whether this store has held a leader's own-term commit (see the module doc).
+        self.proven = proven
+        #: While not proven: the highest (commit index, its leader's term) announced.
+        self.told = told
 
     # -- the driver's inputs --------------------------------------------------------------
 
@@ -304,7 +340,11 @@ class RaftCore:
             self._election_elapsed = 0
             self._transferee = None
             if self.check_quorum:
-                heard = sum(1 for p, pr in self.progress.items() if p == self.id or pr.active)
+                heard = sum(
+                    1
+                    for p, pr in self.progress.items()
+                    if p == self.id or (pr.active and p not in self.probation)
+                )
                 if heard < self._quorum():
                     self._become_follower(self.term, None)
                     return
@@ -328,9 +368,32 @@ class RaftCore:
         self._broadcast_append()
         return index
 
+    def forget_progress(self, peer: str) -> None:
+        """As leader, forgets what `peer`'s log was known to hold (its store was replaced):
+        it is probed again from the end of this log."""
+        if self.role is Role.LEADER and peer in self.progress and peer != self.id:
+            old = self.progress[peer]
+            self.progress[peer] = Progress(next=self.log.last_index() + 1, active=old.active)
+
+    def append_empty(self) -> int:
+        """As leader, appends an empty entry (as at the start of a term), so the commit
+        index moves when there is nothing else to commit; returns its index."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader, self.term)
+        index = self.log.last_index() + 1
+        self.log.append([Entry(self.term, index, None)])
+        self._maybe_commit()
+        self._broadcast_append()
+        return index
+
     def campaign(self) -> None:
         """Start an election now (after a PreVote round if PreVote is on)."""
         if self.role is Role.LEADER:
+            return
+        if not self._vouches_for(self.log.last_index(), self.log.last_term()):
+            # It may not stand, but it timed out: it knows no leader (so no lease).
+            self.leader = None
+            self._election_elapsed = 0
             return
         if self.pre_vote:
             self._become_pre_candidate()
@@ -467,6 +530,7 @@ class RaftCore:
         self._timeout = self._random_timeout()
         self._votes = {}
         self._transferee = None
+        self._matched = 0
         if self.role is not Role.LEADER:
             self.progress = {}
 
@@ -512,6 +576,12 @@ class RaftCore:
             or (pre and m.term > self.term)
         )
         resp = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
+        if (
+            m.src in self.probation
+            or (self.store_guard and m.index > 0 and self.log.last_index() == 0)
+            or not self._vouches_for(m.index, m.log_term)
+        ):
+            can_vote = False
         if can_vote and self.log.is_up_to_date(m.index, m.log_term):
             # A granted PreVote answers at the asked-for term, so the candidate counts it.
             self._msgs.append(Message(resp, self.id, m.src, m.term))
@@ -529,15 +599,17 @@ class RaftCore:
         elif m.type is MsgType.HEARTBEAT:
             self._election_elapsed = 0
             self.leader = m.src
-            last = self.log.last_index()
-            if m.commit <= last:
-                self.log.commit_to(m.commit)
-                self._send(MsgType.HEARTBEAT_RESP, m.src)
-            else:
-                # The leader vouches for entries this node acknowledged and no longer has:
-                # its log was lost (a disk replaced). Say where it ends, to be caught up.
-                self._send(MsgType.HEARTBEAT_RESP, m.src, reject=True, index=last)
-        elif m.type is MsgType.TIMEOUT_NOW:
+            # The leader sends the commit index capped at what it believes this log
+            # matches; after a restart, or a lost disk, that belief may be stale, so the
+            # commit is taken only as far as an append of this term showed the logs
+            # match, and a rejecting answer asks the leader for an append.
+            matched = max(self._matched, self.log.committed)
+            self.log.commit_to(min(m.commit, matched))
+            self._heard_commit(m)
+            self._send(MsgType.HEARTBEAT_RESP, m.src, reject=m.commit > matched)
+        elif m.type is MsgType.TIMEOUT_NOW and self._vouches_for(
+            self.log.last_index(), self.log.last_term()
+        ):
             self._become_candidate(force=True)
 
     def _step_candidate(self, m: Message) -> None:
@@ -549,7 +621,7 @@ class RaftCore:
         want = MsgType.PRE_VOTE_RESP if self.role is Role.PRE_CANDIDATE else MsgType.VOTE_RESP
         if m.type is not want:
             return
-        self._votes.setdefault(m.src, not m.reject)
+        self._votes.setdefault(m.src, not m.reject and m.src not in self.probation)
         outcome = self._tally()
         if outcome == "won":
             self._won(MsgType.PRE_VOTE if want is MsgType.PRE_VOTE_RESP else MsgType.VOTE)
@@ -568,6 +640,8 @@ class RaftCore:
             if conflict:
                 log.append(m.entries[conflict - m.index - 1 :])
             log.commit_to(min(m.commit, last_new))
+            self._matched = max(self._matched, last_new)
+            self._heard_commit(m)
             self._send(MsgType.APPEND_RESP, m.src, index=last_new)
             return
         hint = log.hint_at_or_before(m.index, m.log_term)
@@ -611,26 +685,43 @@ class RaftCore:
                 self._send(MsgType.TIMEOUT_NOW, m.src)
         elif m.type is MsgType.HEARTBEAT_RESP:
             pr.paused = False
-            if m.reject and m.index < pr.match:
-                # The follower lost entries it had acknowledged (its log ends at m.index):
-                # find where its log matches again, probing down from there.
-                pr.match = 0
-                pr.next = m.index + 1
-                pr.probing = True
-                self._send_append(m.src, even_if_empty=True)
-            elif pr.match < self.log.last_index():
+            if pr.match < self.log.last_index() or m.reject:
                 # Empty if `next` ran ahead over a lost append: the follower's rejection
                 # then moves `next` back.
                 self._send_append(m.src, even_if_empty=True)
+
+    def _heard_commit(self, m: Message) -> None:
+        """A leader's message announced commit index `m.commit` (see `proven`)."""
+        if self.proven or m.commit == 0:
+            return
+        if self.log.committed >= m.commit and self.log.term_at(m.commit) == m.term:
+            self.proven = True
+        elif (m.term, m.commit) > (self.told[1], self.told[0]):
+            self.told = (m.commit, m.term)
+
+    def _vouches_for(self, last_index: int, last_term: int) -> bool:
+        """Whether a log ending at (last_index, last_term) holds what this unproven store
+        was told is committed (always, once proven)."""
+        if not self.store_guard or self.proven or self.told[0] == 0:
+            return True
+        index, term = self.told
+        return last_term > term or (last_term == term and last_index >= index)
 
     # -- replication ----------------------------------------------------------------------
 
     def _maybe_commit(self) -> bool:
         """Commit the highest index a majority holds, if that entry is of this term (5.4.2)."""
         self.progress[self.id].match = self.log.last_index()
-        matches = sorted((pr.match for pr in self.progress.values()), reverse=True)
-        index = matches[self._quorum() - 1]
+        probation = self.probation
+        matches = sorted(
+            (pr.match for p, pr in self.progress.items() if p not in probation), reverse=True
+        )
+        q = self._quorum()
+        if len(matches) < q:
+            return False
+        index = matches[q - 1]
         if index > self.log.committed and self.log.term_at(index) == self.term:
+            self.proven = True
             return self.log.commit_to(index)
         return False
 

@@ -42,6 +42,16 @@ safety. `receive(payload)` decodes and checks a whole payload, then queues it; a
 that is not well formed, or names a group this node is not in, raises `BadRaftPayload`
 (400 on the HTTP route) and changes nothing.
 
+Lost stores. Every payload carries the sender's store identity (`RaftLogStore.identity`,
+new with every new store file). The host records each peer's in its store (`PeerBook`,
+zdmq/raft/identity.py); a peer seen with another identity than the recorded one lost
+its store, and goes on probation here in every group the two share: its votes and
+acknowledgements do not count and it gets no vote, until it catches up with this node
+as leader (`judge_ack`). The cores also run with `store_guard` and keep their
+`proven` / `told` state in the store, so a node whose own store is new does not vouch
+for a candidate missing what it was told is committed. zdmq/raft/identity.py says why
+this keeps committed entries, and under which faults.
+
 Leadership. A node that is its group's preferred leader campaigns as soon as its host
 starts; and every few ticks a leader that is not its group's preferred leader hands
 leadership to it (`transfer_leadership`) once the preferred node is caught up (its
@@ -59,6 +69,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -68,6 +79,7 @@ import msgpack
 from zdmq import _http
 from zdmq.errors import BadRequest, NodeUnavailable
 from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.identity import judge_ack
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
 from zdmq.raft.storage import Entry
 
@@ -92,15 +104,19 @@ Send = Callable[[str, bytes], Awaitable[None]]
 Apply = Callable[[str, Entry], Any]
 
 # ---- wire encoding --------------------------------------------------------------------------
-# A payload is a msgpack array of messages; a message is the array
+# A payload is the msgpack array [identity, messages]: `identity` is the sender's store
+# identity (`RaftLogStore.identity`, 1 to 64 characters of [0-9A-Za-z_-]; see
+# zdmq/raft/identity.py for what the receiver does with it), `messages` an array of
 #   [group, type, src, dst, term, index, log_term, entries, commit, reject, reject_hint, force]
 # with `type` a small integer (_TYPE_CODES) and `entries` an array of [term, index, data]
-# (data: bin, or nil for a leader's empty entry).
+# (data: bin, or nil for a leader's empty entry). Every message of a payload has the
+# same `src`: a payload comes from one node.
 
 _TYPE_CODES: dict[MsgType, int] = {t: i for i, t in enumerate(MsgType)}
 _CODE_TYPES: tuple[MsgType, ...] = tuple(MsgType)
 _FIELDS = 12
 _MAX_INT = 2**63 - 1
+_IDENTITY = re.compile(r"[0-9A-Za-z_-]{1,64}")
 
 
 class BadRaftPayload(BadRequest):
@@ -135,15 +151,17 @@ def _pack_message(packer: msgpack.Packer, group: str, m: Message) -> bytes:
     return out
 
 
-def _join_payload(packer: msgpack.Packer, packed: Sequence[bytes]) -> bytes:
-    """One payload from messages packed one by one (`_pack_message`)."""
-    return bytes(packer.pack_array_header(len(packed))) + b"".join(packed)
+def _join_payload(packer: msgpack.Packer, identity: str, packed: Sequence[bytes]) -> bytes:
+    """One payload from its sender's store identity and messages packed one by one
+    (`_pack_message`)."""
+    head = packer.pack_array_header(2) + packer.pack(identity)
+    return bytes(head) + bytes(packer.pack_array_header(len(packed))) + b"".join(packed)
 
 
-def encode_messages(messages: Sequence[tuple[str, Message]]) -> bytes:
-    """A payload of (group id, message) pairs."""
+def encode_messages(messages: Sequence[tuple[str, Message]], identity: str) -> bytes:
+    """A payload of (group id, message) pairs from the store `identity`."""
     packer = msgpack.Packer(use_bin_type=True)
-    return _join_payload(packer, [_pack_message(packer, g, m) for g, m in messages])
+    return _join_payload(packer, identity, [_pack_message(packer, g, m) for g, m in messages])
 
 
 def _int(v: Any, what: str) -> int:
@@ -164,14 +182,20 @@ def _bool(v: Any, what: str) -> bool:
     return v
 
 
-def decode_messages(payload: bytes) -> list[tuple[str, Message]]:
-    """The (group id, message) pairs of a payload; `BadRaftPayload` unless every one is
-    well formed (types, and an append's entries contiguous after its `index`, of terms
-    between its `log_term` and its `term`)."""
+def decode_messages(payload: bytes) -> tuple[str, list[tuple[str, Message]]]:
+    """The sender's store identity and the (group id, message) pairs of a payload;
+    `BadRaftPayload` unless the identity and every message are well formed (types, one
+    `src` for all, and an append's entries contiguous after its `index`, of terms between
+    its `log_term` and its `term`)."""
     try:
-        items = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
+        top = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
     except Exception as e:  # msgpack raises several types for bad input
         raise BadRaftPayload(f"raft payload: not msgpack: {type(e).__name__}") from None
+    if type(top) is not list or len(top) != 2:
+        raise BadRaftPayload("raft payload: expected [identity, messages]")
+    identity, items = top
+    if type(identity) is not str or not _IDENTITY.fullmatch(identity):
+        raise BadRaftPayload("raft payload: identity: expected 1 to 64 characters of [0-9A-Za-z_-]")
     if type(items) is not list:
         raise BadRaftPayload("raft payload: expected an array of messages")
     out: list[tuple[str, Message]] = []
@@ -204,12 +228,15 @@ def decode_messages(payload: bytes) -> list[tuple[str, Message]]:
                 raise BadRaftPayload(f"raft payload: {where}.entries[{j}]: out of sequence")
             prev_term = e_term
             entries.append(Entry(e_term, e_index, data))
+        src = _str(src, f"{where}.src")
+        if out and src != out[0][1].src:
+            raise BadRaftPayload(f"raft payload: {where}.src: not the src of messages[0]")
         out.append(
             (
                 _str(group, f"{where}.group"),
                 Message(
                     _CODE_TYPES[code],
-                    _str(src, f"{where}.src"),
+                    src,
                     _str(dst, f"{where}.dst"),
                     term,
                     index=index,
@@ -222,7 +249,7 @@ def decode_messages(payload: bytes) -> list[tuple[str, Message]]:
                 ),
             )
         )
-    return out
+    return identity, out
 
 
 def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: float = 1.0) -> Send:
@@ -320,6 +347,10 @@ class RaftHost:
         self.preferred: dict[str, str | None] = {}
         self._cores: dict[str, RaftCore] = {}
         self._logs: dict[str, GroupLog] = {}
+        self.identity = store.identity
+        #: Peers' store identities and probations (zdmq/raft/identity.py), kept in `store`.
+        self.book = store.peer_book()
+        self._self_states = store.self_states()
         for gid, members in groups.items():
             if node_id not in members:
                 raise ValueError(f"group {gid!r}: {node_id!r} is not one of its members")
@@ -335,13 +366,21 @@ class RaftHost:
                 election_ticks=election_ticks,
                 heartbeat_ticks=heartbeat_ticks,
                 applied=applied.get(gid, 0),
+                store_guard=True,
+                proven=self._self_states.get(gid, (False, (0, 0)))[0],
+                told=self._self_states.get(gid, (False, (0, 0)))[1],
             )
+            self._cores[gid].probation = self.book.on_probation(gid, members)
         self._peers: dict[str, _Peer] = {
             p: _Peer() for ms in self.members.values() for p in ms if p != node_id
         }
+        # Peer -> the groups this node shares with it.
+        self._shared: dict[str, list[str]] = {
+            p: [g for g, ms in self.members.items() if p in ms] for p in self._peers
+        }
         self._packer = msgpack.Packer(use_bin_type=True)
         # Inputs waiting for the pump (see the module docstring).
-        self._inbox: deque[tuple[str, Message]] = deque()
+        self._inbox: deque[tuple[str, Message, str]] = deque()  # (group, message, identity)
         self._proposals: deque[_Proposal] = deque()
         self._ticks = 0  # ticks not yet given to the cores
         self._ticked = 0  # ticks given, in all
@@ -373,6 +412,8 @@ class RaftHost:
                 "applied",
                 "elections_won",
                 "transfers",  # leadership handed to the preferred leader
+                "replaced_peers",  # a peer seen with a new store identity
+                "probations_lifted",
             ),
             0,
         )
@@ -459,10 +500,10 @@ class RaftHost:
         """Takes a payload from a peer: checked whole (`BadRaftPayload`: not well formed,
         a group this node is not in, a message not for this node, or not from another
         member of its group, or, when `sender` names the node the payload came from (the
-        node credential of the HTTP call), not from `sender`), then queued for the pump.
-        `RaftHostStopped` when stopped."""
+        node credential of the HTTP call), not from `sender`), then queued for the pump
+        with the sender's store identity. `RaftHostStopped` when stopped."""
         self._check_running()
-        msgs = decode_messages(payload)
+        identity, msgs = decode_messages(payload)
         for gid, m in msgs:
             members = self.members.get(gid)
             if members is None:
@@ -484,7 +525,7 @@ class RaftHost:
         if len(msgs) > room:
             self.counters["messages_dropped"] += len(msgs) - max(room, 0)
             msgs = msgs[: max(room, 0)]
-        self._inbox.extend(msgs)
+        self._inbox.extend((g, m, identity) for g, m in msgs)
         self._wakeup()
 
     def _wakeup(self) -> None:
@@ -526,6 +567,11 @@ class RaftHost:
     def last_index(self, group: str) -> int:
         return self._core(group).log.last_index()
 
+    def on_probation(self, group: str) -> frozenset[str]:
+        """The members of `group` whose votes and acknowledgements this node does not
+        count: their store was replaced and has not caught up (zdmq/raft/identity.py)."""
+        return self._core(group).probation
+
     # -- the pump -------------------------------------------------------------------------
 
     async def _pump_loop(self) -> None:
@@ -566,8 +612,15 @@ class RaftHost:
                 return
             self.counters["pumps"] += 1
             writes = [(self._logs[gid], rd) for gid, _, rd in work if rd.entries or rd.hard_state]
-            if writes:
-                await asyncio.to_thread(self._persist, writes)
+            selves = {
+                g: (c.proven, c.told)
+                for g, c in self._cores.items()
+                if self._self_states.get(g, (False, (0, 0))) != (c.proven, c.told)
+            }
+            if writes or selves or self.book.has_changes():
+                ids, prob = self.book.take_changes()
+                await asyncio.to_thread(self._persist, writes, ids, prob, selves)
+                self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
             for gid, _, rd in work:
@@ -581,19 +634,34 @@ class RaftHost:
                 core.advance(rd)
             self._check_pending()
 
-    def _persist(self, writes: list[tuple[GroupLog, Ready]]) -> None:
-        """(In a worker thread.) Every group's Ready in one transaction and one fsync."""
+    def _persist(
+        self,
+        writes: list[tuple[GroupLog, Ready]],
+        ids: dict[str, str],
+        prob: dict[tuple[str, str], int | None],
+        selves: dict[str, tuple[bool, tuple[int, int]]],
+    ) -> None:
+        """(In a worker thread.) Every group's Ready, what changed in the peer book and
+        in each core's `proven` / `told`, in one transaction and one fsync."""
         with self.store.batch():
             for glog, rd in writes:
                 glog.persist(rd)
+            self.store.save_peer_book(ids, prob)
+            self.store.save_self_states(selves)
 
     def _feed(self) -> None:
         """Gives the inbox to the cores: messages, proposals, then ticks."""
         cores = self._cores
         inbox = self._inbox
+        book = self.book
         while inbox:
-            gid, m = inbox.popleft()
-            cores[gid].step(m)
+            gid, m, identity = inbox.popleft()
+            if book.identities.get(m.src) != identity:
+                self._seen(m.src, identity)
+            core = cores[gid]
+            if m.src in core.probation and m.type is MsgType.APPEND_RESP and not m.reject:
+                self._maybe_lift(gid, core, m)
+            core.step(m)
         proposals = self._proposals
         while proposals:
             p = proposals.popleft()
@@ -616,11 +684,54 @@ class RaftHost:
                 self._hand_to_preferred()
         self._check_pending()
 
+    def _seen(self, peer: str, identity: str) -> None:
+        """A payload from `peer` with another store identity than the one recorded."""
+        shared = self._shared[peer]
+        replaced = self.book.see(peer, identity, {g: self._cores[g].log.committed for g in shared})
+        for gid in replaced:
+            core = self._cores[gid]
+            core.probation = self.book.on_probation(gid, self.members[gid])
+            core.forget_progress(peer)
+        if replaced:
+            self.counters["replaced_peers"] += 1
+            log.warning(
+                "%s: %s has a new store (%s): its votes and acknowledgements do not count "
+                "until it catches up in groups %s",
+                self.node_id,
+                peer,
+                identity,
+                replaced,
+            )
+
+    def _maybe_lift(self, gid: str, core: RaftCore, m: Message) -> None:
+        since = self.book.since(gid, m.src)
+        assert since is not None
+        commit = core.log.committed
+        verdict = judge_ack(
+            since,
+            leading=core.role is Role.LEADER,
+            term=core.term,
+            commit=commit,
+            commit_term=core.log.term_at(commit),
+            last_index=core.log.last_index(),
+            ack_term=m.term,
+            acked=m.index,
+        )
+        if verdict == "nudge":
+            core.append_empty()
+        elif verdict == "lift":
+            self.book.lift(gid, m.src)
+            core.probation = self.book.on_probation(gid, self.members[gid])
+            self.counters["probations_lifted"] += 1
+            log.info("%s: %s caught up in group %s", self.node_id, m.src, gid)
+
     def _hand_to_preferred(self) -> None:
         for gid, core in self._cores.items():
             pref = self.preferred[gid]
             if core.role is not Role.LEADER or pref is None or pref == self.node_id:
                 continue
+            if pref in core.probation:
+                continue  # it could not win: this node would not vote for it
             pr = core.progress.get(pref)
             if pr is not None and pr.active and pr.match == core.log.last_index():
                 log.debug("%s hands group %s to its preferred leader %s", self.node_id, gid, pref)
@@ -697,7 +808,7 @@ class RaftHost:
                 batch = peer.queue[:n]
                 del peer.queue[:n]
                 peer.queued_bytes -= size
-                payload = _join_payload(self._packer, batch)
+                payload = _join_payload(self._packer, self.identity, batch)
                 try:
                     await self._send(pid, payload)
                 except asyncio.CancelledError:

@@ -10,6 +10,25 @@ random nodes, following a `NotLeader` hint once. `run(..., open_disk=...)` puts 
 on another `WritableStorage` (the SQLite log, reopened from its file at each restart); a
 run's outcome depends only on its seed, whatever the disk.
 
+Disk loss: a crash may also lose the node's disk; it restarts empty, with a new store
+identity, and its peer book and proven/told state (zdmq/raft/identity.py) gone with
+it. The driver applies the same rule as `RaftHost`, from zdmq/raft/identity.py: every
+message carries its sender's identity, a receiver puts a sender seen with a new one on
+probation (`RaftCore.probation`, `PeerBook`) and lifts it with `judge_ack`, and cores
+run with `store_guard` and keep `proven` / `told` on their disk (lost with it).
+The exact fault model for disks: a disk is lost whole, only on a crash, only while
+every other node is proven (`RaftCore.proven`, which every member of a healthy group
+is shortly after its first election), and only once every node that lost its disk
+before has recovered (its commit index reached the highest index committed anywhere
+when it lost it, and every other node has seen its new store and lifted its
+probation); any number of other nodes may meanwhile crash, pause or be cut off, and
+the old store's messages still in flight are delivered as any others. Disk losses
+draw from their own random stream, so a seed's other faults are the same with or
+without them. With `identity_rule=False` the drivers ignore identities (a leader
+still starts over with a replaced follower, the mechanics of catching a new disk up),
+as hosts without the rule would, and some seeds then lose a committed entry: see
+`DISK_LOSS_WITHOUT_RULE`.
+
 Checked all along: at most one leader per term; a node's term never goes back and its
 vote never changes within a term on disk; a committed entry never changes (same index,
 same term and data on every node that has it committed, checked as each node's commit
@@ -33,13 +52,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zdmq.raft.core import Message, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.identity import PeerBook, judge_ack
 from zdmq.raft.storage import Entry, MemoryStorage, WritableStorage
 
 __all__ = ["DiskOpener", "SimConfig", "SimFailure", "SimResult", "main", "run"]
 
-#: Opens node `id`'s disk as last persisted; called at each start and restart of the node.
-DiskOpener = Callable[[str], WritableStorage]
+#: Opens node `id`'s disk as last persisted (or, when the second argument is True, a new
+#: empty one: the disk was lost); called at each start and restart of the node.
+DiskOpener = Callable[[str, bool], WritableStorage]
+
+#: A seed that loses a committed entry to a disk loss when the identity rule is off
+#: (3 nodes, the default config): `python -m zdmq.raft.sim --seed N --no-identity-rule`.
+DISK_LOSS_WITHOUT_RULE = 2
+
+#: The default chance that a crash also loses the node's disk (the most a seed draws).
+DISK_LOSS = 0.3
+
+#: The group id the simulated nodes use in their peer books.
+GROUP = "g"
 
 
 class SimFailure(AssertionError):
@@ -66,6 +97,10 @@ class SimConfig:
     #: old-term entries half replicated (Raft's Figure 8).
     crash_leader: float = 0.08
     down_steps: tuple[int, int] = (2, 50)
+    #: The chance that a crash also loses the node's disk (see the module docstring).
+    disk_loss: float = DISK_LOSS
+    #: Whether drivers apply zdmq/raft/identity.py's rule (off: to show the hazard).
+    identity_rule: bool = True
     pause: float = 0.012
     pause_steps: tuple[int, int] = (3, 40)
     partition: float = 0.03
@@ -97,6 +132,7 @@ class SimResult:
     seed: int
     leaders: int = 0
     crashes: int = 0
+    disk_losses: int = 0
     partitions: int = 0
     transfers: int = 0
     proposed: int = 0
@@ -117,6 +153,15 @@ class _Node:
     #: Committed entries of this node's log already compared with the committed ones.
     checked: int = 0
     starts: int = 0
+    #: The store's identity, and what its disk holds besides the log.
+    identity: str = ""
+    book: PeerBook = field(default_factory=PeerBook)
+    proven: bool = False
+    told: tuple[int, int] = (0, 0)
+    #: Restarts with a new empty disk.
+    lose_disk: bool = False
+    #: While recovering from a lost disk: the commit index it must reach.
+    recover_to: int | None = None
 
 
 class _Sim:
@@ -129,15 +174,19 @@ class _Sim:
     ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        # Disk losses draw from their own stream: a seed's other faults stay as they were.
+        self.disk_rng = random.Random(f"{seed}/disks")
         self.asked = cfg
-        self.cfg = cfg = cfg.draw(self.rng)
+        self.cfg = cfg = replace(
+            cfg.draw(self.rng), disk_loss=self.disk_rng.uniform(0, cfg.disk_loss)
+        )
         self.trace = trace
         self.ids = [f"n{i}" for i in range(cfg.nodes)]
         self.nodes = {i: _Node(i) for i in self.ids}
         self.open_disk = open_disk
         self.now = 0
         self.healing = False
-        self.net: list[tuple[int, int, Message]] = []
+        self.net: list[tuple[int, int, Message, str]] = []
         self.seq = 0
         self.groups: dict[str, int] | None = None
         self.heal_at = 0
@@ -207,6 +256,11 @@ class _Sim:
                 n.down_until = self.now + rng.randint(*cfg.down_steps)
                 self.result.crashes += 1
                 self._log(f"{n.id} crashes until {n.down_until}")
+                if self.disk_rng.random() < cfg.disk_loss and self._may_lose_disk(n):
+                    n.lose_disk = True
+                    n.recover_to = max(self.committed, default=0)
+                    self.result.disk_losses += 1
+                    self._log(f"{n.id} loses its disk (committed so far: {n.recover_to})")
             elif n.core is not None and self.now >= n.paused_until and rng.random() < cfg.pause:
                 n.paused_until = self.now + rng.randint(*cfg.pause_steps)
                 self._log(f"{n.id} pauses until {n.paused_until}")
@@ -218,6 +272,27 @@ class _Sim:
             self.result.partitions += 1
             self._log(f"partition {sorted(side)} until {self.heal_at}")
 
+    def _may_lose_disk(self, n: _Node) -> bool:
+        """Whether every other node that lost its disk has recovered: its log reached the
+        commit index of its loss, and every other node has seen its new store and lifted
+        its probation; and every other node is proven (`RaftCore.proven`: it held its
+        leader's own-term commit once), so its log is not empty (two members with no log
+        are a first boot) and it knows what it was told is committed."""
+        if any(o is not n and not o.proven for o in self.nodes.values()):
+            return False
+        for o in self.nodes.values():
+            if o is n or o.recover_to is None:
+                continue
+            if o.core is None or o.core.log.committed < o.recover_to:
+                return False
+            for x in self.nodes.values():
+                if x is not o and (
+                    x.book.identities.get(o.id) != o.identity or (GROUP, o.id) in x.book.probation
+                ):
+                    return False  # x has not seen o's new store yet, or not lifted it
+            o.recover_to = None
+        return True
+
     def _heal(self) -> None:
         self._log("faults stop; everything heals")
         self.healing = True
@@ -228,8 +303,15 @@ class _Sim:
 
     def _start(self, n: _Node) -> None:
         n.starts += 1
+        lost, n.lose_disk = n.lose_disk, False
         if self.open_disk is not None:
-            n.disk = self.open_disk(n.id)
+            n.disk = self.open_disk(n.id, lost)
+        elif lost:
+            n.disk = MemoryStorage()
+        if lost or not n.identity:
+            n.identity = f"{n.id}.{n.starts}"
+            n.book = PeerBook()
+            n.proven, n.told = False, (0, 0)
         rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
         n.core = RaftCore(
             n.id,
@@ -238,7 +320,12 @@ class _Sim:
             rng,
             election_ticks=self.cfg.election_ticks,
             max_entries_per_msg=self.batch,
+            store_guard=self.cfg.identity_rule,
+            proven=n.proven,
+            told=n.told,
         )
+        if self.cfg.identity_rule:
+            n.core.probation = n.book.on_probation(GROUP, self.ids)
         n.applied = []  # the state machine is rebuilt from the log
         n.checked = 0
         if n.starts > 1:
@@ -254,25 +341,63 @@ class _Sim:
         for _ in range(copies):
             self.seq += 1
             at = self.now + self.rng.randint(0, self.cfg.max_delay)
-            heapq.heappush(self.net, (at, self.seq, m))
+            heapq.heappush(self.net, (at, self.seq, m, self.nodes[m.src].identity))
 
     def _deliver(self) -> None:
-        later: list[tuple[int, int, Message]] = []
+        later: list[tuple[int, int, Message, str]] = []
         while self.net and self.net[0][0] <= self.now:
             item = heapq.heappop(self.net)
-            m = item[2]
+            m, identity = item[2], item[3]
             dst = self.nodes[m.dst]
             if dst.core is None:
                 continue
             if self.groups is not None and self.groups[m.src] != self.groups[m.dst]:
                 continue
             if self.now < dst.paused_until:
-                later.append((dst.paused_until, item[1], m))
+                later.append((dst.paused_until, item[1], m, identity))
                 continue
+            self._identity_rule(dst, m, identity)
             dst.core.step(m)
             self._check_leader(dst)
         for item in later:
             heapq.heappush(self.net, item)
+
+    def _identity_rule(self, n: _Node, m: Message, identity: str) -> None:
+        """What `RaftHost` does with a message's sender identity before stepping it.
+
+        Without the identity rule, a leader still starts over with a replaced follower
+        (`forget_progress`: the mechanics of catching a new disk up), but nobody is put
+        on probation."""
+        core = n.core
+        assert core is not None
+        if n.book.see(m.src, identity, {GROUP: core.log.committed}):
+            core.forget_progress(m.src)
+            self._log(f"{n.id} sees {m.src} replaced ({identity})")
+            if not self.cfg.identity_rule:
+                n.book.lift(GROUP, m.src)
+                return
+            core.probation = n.book.on_probation(GROUP, self.ids)
+        if m.src not in core.probation or m.type is not MsgType.APPEND_RESP or m.reject:
+            return
+        since = n.book.since(GROUP, m.src)
+        assert since is not None
+        commit = core.log.committed
+        verdict = judge_ack(
+            since,
+            leading=core.role is Role.LEADER,
+            term=core.term,
+            commit=commit,
+            commit_term=core.log.term_at(commit),
+            last_index=core.log.last_index(),
+            ack_term=m.term,
+            acked=m.index,
+        )
+        if verdict == "nudge":
+            core.append_empty()
+        elif verdict == "lift":
+            n.book.lift(GROUP, m.src)
+            core.probation = n.book.on_probation(GROUP, self.ids)
+            self._log(f"{n.id} lifts the probation of {m.src} at commit {commit}")
 
     # -- clients ----------------------------------------------------------------------
 
@@ -336,6 +461,7 @@ class _Sim:
             if e.data is not None and e.data in self.proposals:
                 self.acked.add(e.data)
         core.advance(rd)
+        n.proven, n.told = core.proven, core.told  # persisted with the Ready
         log = core.log
         if log.committed > n.checked:
             for e in log.slice(n.checked + 1, log.committed + 1):
@@ -411,7 +537,10 @@ class _Sim:
 
 
 def replay_command(seed: int, cfg: SimConfig) -> str:
-    return f"python -m zdmq.raft.sim --seed {seed} --steps {cfg.steps} --nodes {cfg.nodes}"
+    cmd = f"python -m zdmq.raft.sim --seed {seed} --steps {cfg.steps} --nodes {cfg.nodes}"
+    if cfg.disk_loss != DISK_LOSS:
+        cmd += f" --disk-loss {cfg.disk_loss}"
+    return cmd if cfg.identity_rule else cmd + " --no-identity-rule"
 
 
 def run(
@@ -423,7 +552,7 @@ def run(
     """Simulate one group from `seed`; raises `SimFailure` if an invariant breaks.
 
     `open_disk` gives each node its disk at every start (default: one `MemoryStorage`
-    per node, kept across restarts)."""
+    per node, kept across restarts, and a new one when the disk is lost)."""
     return _Sim(seed, cfg or SimConfig(), trace, open_disk).run()
 
 
@@ -434,8 +563,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=SimConfig().steps)
     ap.add_argument("--nodes", type=int, default=SimConfig().nodes)
     ap.add_argument("--trace", action="store_true", help="print every fault and proposal")
+    ap.add_argument(
+        "--no-identity-rule",
+        dest="identity_rule",
+        action="store_false",
+        help="drivers ignore store identities (shows what a lost disk does without the rule)",
+    )
+    ap.add_argument(
+        "--disk-loss",
+        type=float,
+        default=DISK_LOSS,
+        help="the chance a crash also loses the disk (the most a seed draws)",
+    )
     args = ap.parse_args(argv)
-    cfg = SimConfig(nodes=args.nodes, steps=args.steps)
+    cfg = SimConfig(
+        nodes=args.nodes,
+        steps=args.steps,
+        identity_rule=args.identity_rule,
+        disk_loss=args.disk_loss,
+    )
     for seed in range(args.seed, args.seed + args.seeds):
         try:
             r = run(seed, cfg, print if args.trace else None)
@@ -443,7 +589,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAIL {e}")
             return 1
         print(
-            f"seed {seed}: ok, {r.leaders} terms with a leader, {r.crashes} crashes, "
+            f"seed {seed}: ok, {r.leaders} terms with a leader, {r.crashes} crashes "
+            f"({r.disk_losses} with a lost disk), "
             f"{r.partitions} partitions, {r.acked}/{r.proposed} proposals acknowledged, "
             f"{r.applied} entries applied, {r.messages} messages, "
             f"converged {r.steps_to_converge} steps after healing"

@@ -26,6 +26,9 @@ Tables (named raft_* so they can share a file with the node's other tables):
     raft_meta        key -> value; `identity`, a random id written when the file is created
     raft_hard_state  group -> term, vote, commit
     raft_log         (group, index) -> term, data
+    raft_peers       peer -> identity: the store identity last seen from each peer
+    raft_probation   (group, peer) -> since: peers on probation here (zdmq/raft/identity.py)
+    raft_self        group -> proven, told index, told term (`RaftCore.proven`, `told`)
 
 Reads are served from memory where cheap, so the core's hot reads never reach SQLite:
 each group keeps its hard state and last index, its log's terms as runs (the first index
@@ -51,6 +54,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from zdmq.raft.identity import PeerBook
 from zdmq.raft.storage import Entry, HardState
 
 if TYPE_CHECKING:
@@ -80,6 +84,22 @@ CREATE TABLE IF NOT EXISTS raft_log (
     term INTEGER NOT NULL,
     data BLOB,
     PRIMARY KEY (grp, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_peers (
+    peer TEXT PRIMARY KEY,
+    identity TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_self (
+    grp TEXT PRIMARY KEY,
+    proven INTEGER NOT NULL,
+    told_index INTEGER NOT NULL,
+    told_term INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_probation (
+    grp TEXT NOT NULL,
+    peer TEXT NOT NULL,
+    since INTEGER NOT NULL,
+    PRIMARY KEY (grp, peer)
 ) WITHOUT ROWID;
 """
 
@@ -164,6 +184,58 @@ class RaftLogStore:
             "SELECT grp FROM raft_hard_state UNION SELECT DISTINCT grp FROM raft_log ORDER BY 1"
         )
         return [r[0] for r in rows]
+
+    # -- what this node knows of its peers (zdmq/raft/identity.py) --------------------------
+
+    def peer_book(self) -> PeerBook:
+        """The identities and probations recorded here."""
+        self._check()
+        book = PeerBook()
+        for peer, ident in self._conn.execute("SELECT peer, identity FROM raft_peers"):
+            book.identities[peer] = ident
+        for grp, peer, since in self._conn.execute("SELECT grp, peer, since FROM raft_probation"):
+            book.probation[(grp, peer)] = since
+        return book
+
+    def save_peer_book(
+        self, identities: dict[str, str], probation: dict[tuple[str, str], int | None]
+    ) -> None:
+        """Writes `PeerBook.take_changes()` (one transaction, or the open batch)."""
+        if not identities and not probation:
+            return
+        with self._transaction():
+            conn = self._conn
+            conn.executemany(
+                "INSERT OR REPLACE INTO raft_peers (peer, identity) VALUES (?, ?)",
+                list(identities.items()),
+            )
+            for (grp, peer), since in probation.items():
+                if since is None:
+                    conn.execute(
+                        "DELETE FROM raft_probation WHERE grp = ? AND peer = ?", (grp, peer)
+                    )
+                else:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO raft_probation (grp, peer, since) VALUES (?, ?, ?)",
+                        (grp, peer, since),
+                    )
+
+    def self_states(self) -> dict[str, tuple[bool, tuple[int, int]]]:
+        """Group -> (proven, told) as last saved; a group not listed is not proven and
+        was told nothing."""
+        self._check()
+        rows = self._conn.execute("SELECT grp, proven, told_index, told_term FROM raft_self")
+        return {g: (bool(p), (i, t)) for g, p, i, t in rows}
+
+    def save_self_states(self, states: dict[str, tuple[bool, tuple[int, int]]]) -> None:
+        if not states:
+            return
+        with self._transaction():
+            self._conn.executemany(
+                "INSERT OR REPLACE INTO raft_self (grp, proven, told_index, told_term) "
+                "VALUES (?, ?, ?, ?)",
+                [(g, int(p), i, t) for g, (p, (i, t)) in states.items()],
+            )
 
     # -- transactions ---------------------------------------------------------------------
 

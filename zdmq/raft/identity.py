@@ -1,0 +1,202 @@
+"""Which peers' votes and acknowledgements a node counts: the rule for replaced stores.
+
+Raft's safety rests on promises kept on disk: a node that acknowledged an entry holds
+it, and a node that voted in a term (or saw a term) remembers it. A node whose store is
+lost (a new disk, a deleted or corrupt file) breaks them while keeping its name. With
+group {A, B, C}, entry e committed on A and B only: B loses its disk and restarts
+empty, A is down; C (which lacks e) campaigns, B's empty log makes C look up to date,
+B grants, C wins with {B, C} and e is lost. A replaced node's acknowledgements are no
+safer: it has forgotten its term, so it acknowledges a deposed leader that a majority
+(counting its old store) had already left behind, and that leader then commits over
+entries of a later term.
+
+Every store has an identity, a random id written when its file is created
+(`RaftLogStore.identity`), and every payload a node sends carries its own. Each node
+keeps a `PeerBook`, durably in its store: the identity it last saw for each peer, and
+the (group, peer) pairs on *probation*.
+
+Replacement. A payload whose identity differs from the one recorded for its sender
+(when one is recorded) means the sender's store was replaced: the book records the new
+identity and puts the sender on probation in every group the two share, noting this
+node's commit index there (`since`). A first sighting records the identity and nothing
+else, so a new cluster, where nobody recorded anything, elects as usual. A late
+message of the old store (seen after the new one) counts as one more replacement:
+probation starts again, which only delays.
+
+Probation. The core (`RaftCore.probation`) does not count a grant from a peer on
+probation (it counts as a rejection), leaves its matched index out when counting
+replicas to commit, does not count it as heard from for CheckQuorum, and does not
+vote for it (a replaced node with a partial log would otherwise win with the vote of a
+member as far behind as itself, without an entry its old store helped commit); it still
+replicates to it, and a leader that sees a follower replaced forgets what it knew of
+that follower's log (`RaftCore.forget_progress`) and probes it from scratch. So until
+lifted, the group runs as if that peer were down, which is safe by Raft's own argument
+as long as a majority of the others keep their stores.
+
+Lifting (`caught_up`, `judge_ack`): on this node, in one group, when this node leads it
+in term U, its commit index c is past `since` and is an entry of term U, and the peer
+accepts an append in term U up to at least c. Why that is enough: c was committed after
+the replacement was seen, by a quorum Q not counting the peer. (1) No leader of a term
+above U was elected before Q's acknowledgements: its voters would meet Q in a node
+that then acknowledged term U after voting in a higher one. So every entry the old
+store helped commit is of a term <= U and, by Leader Completeness (terms < U) or
+because this leader counted it itself (term U; `c` is past it), lies in this leader's
+log at or below c. (2) The peer acknowledged term U up to c: its new store holds all of
+those entries and is at term U, so its grants and acknowledgements are as good as any
+member's again. A deposed leader cannot lift: it cannot commit in its term without the
+majority that left it. When a quiet group has nothing to commit, the leader appends an
+empty entry once the peer holds its whole log ("nudge"), so the lift does not wait for
+traffic. A lift lost in a crash only means probation again.
+
+Each node lifts only its own probation, as leader. A follower keeps its probation of
+a peer until it leads while that peer catches up, which costs only liveness: while it
+lasts, that follower cannot count the peer's grant, so a group that has lost a second
+member's disk before then may have to wait for the member holding the data to be
+elected by someone else, or stay without a leader.
+
+The replaced node itself, which has no record of what it lost, guards its own vote
+with `RaftCore.store_guard` (this covers the candidates that never heard from the old
+store and so have nothing recorded for it: followers of a stable leader never talk to
+each other):
+  * a node whose log is empty grants a vote only to a candidate whose log is empty
+    too. In the example above, B refuses C even if C has no identity recorded for B.
+    A first boot still elects, since every log is empty.
+  * `RaftCore.proven` / `told` (kept per group in the store, `raft_self`): a store
+    that has not yet held everything up to a commit index its leader made in its own
+    term is not proven; meanwhile it remembers the highest commit index (and that
+    leader's term) a leader announced to it, and grants a vote, or campaigns, only for
+    a log at least as up to date as that. A wiped store that got part of the log back
+    therefore does not vouch for a candidate missing entries it was told are
+    committed. A store that was told nothing yet (a first boot before the first
+    commit) votes as usual.
+
+The fault model this is built for (and zdmq/raft/sim.py checks): a store is lost
+whole; a member loses its store only when no other member is still recovering from a
+lost one (its log has reached the commit index of its loss, and every member has seen
+its new store and lifted its probation) and every other member is proven (it has held
+its leader's own-term commit once, as every member of a healthy group does shortly
+after its first election; a lost log and one that never received anything look
+alike, and two of them are a first boot); messages may be lost, duplicated, delayed
+and reordered, including those of the old store; any number of members may crash,
+pause or be cut off meanwhile. With a member down as well, a group may then stop
+electing until it comes back, as it must: it may be the only one left holding some
+committed entry.
+
+Known limits. A store restored from a copy keeps its identity: its rollback is not
+seen. A leader that never received anything from a peer's old store has nothing
+recorded for it, so it counts the new store's acknowledgements at once; if that leader
+was also deposed by a majority that counted the old store, the new store (which has
+forgotten the higher term) could help it commit. That takes a leader cut off from one
+member for that member's whole life, and the simulation has not reached it, but the
+argument above does not exclude it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["PeerBook", "caught_up", "judge_ack"]
+
+
+def caught_up(
+    since: int,
+    *,
+    leading: bool,
+    term: int,
+    commit: int,
+    commit_term: int,
+    ack_term: int,
+    acked: int,
+) -> bool:
+    """Whether a peer on probation since commit index `since` has caught up: this node
+    leads (`leading`) in `term`, its commit index `commit` (an entry of `commit_term`)
+    is past `since` and of this term, and the peer accepted an append of this term
+    (`ack_term`) up to `acked` >= `commit`. The module docstring says why that is safe."""
+    return leading and commit > since and commit_term == term == ack_term and acked >= commit
+
+
+def judge_ack(
+    since: int,
+    *,
+    leading: bool,
+    term: int,
+    commit: int,
+    commit_term: int,
+    last_index: int,
+    ack_term: int,
+    acked: int,
+) -> str | None:
+    """What a node does with an accepted append acknowledgement from a peer on
+    probation since `since`: "lift" the probation (`caught_up`), "nudge" (it leads, the
+    peer holds its whole log, but the commit index has not moved since the replacement
+    and nothing is in flight to move it: append an empty entry, so a quiet group lifts
+    too), or None (wait)."""
+    if caught_up(
+        since,
+        leading=leading,
+        term=term,
+        commit=commit,
+        commit_term=commit_term,
+        ack_term=ack_term,
+        acked=acked,
+    ):
+        return "lift"
+    if leading and ack_term == term and commit <= since and acked >= last_index == commit:
+        return "nudge"
+    return None
+
+
+@dataclass(slots=True)
+class PeerBook:
+    """What a node knows of its peers' stores: identities and probations (module doc).
+
+    The driver applies the changes it makes (`take_changes`) to durable storage.
+    """
+
+    #: Peer -> the store identity last seen from it.
+    identities: dict[str, str] = field(default_factory=dict)
+    #: (group, peer) -> this node's commit index in that group when the peer was replaced.
+    probation: dict[tuple[str, str], int] = field(default_factory=dict)
+    _dirty_ids: set[str] = field(default_factory=set)
+    _dirty_prob: set[tuple[str, str]] = field(default_factory=set)
+
+    def see(self, peer: str, identity: str, commits: Mapping[str, int]) -> list[str]:
+        """A payload from `peer` carrying `identity`; `commits` maps each group this node
+        shares with `peer` to this node's commit index in it. Returns the groups in which
+        the peer was put on probation now (empty unless its store was replaced)."""
+        known = self.identities.get(peer)
+        if known == identity:
+            return []
+        self.identities[peer] = identity
+        self._dirty_ids.add(peer)
+        if known is None:
+            return []
+        for gid, commit in commits.items():
+            self.probation[(gid, peer)] = commit
+            self._dirty_prob.add((gid, peer))
+        return list(commits)
+
+    def on_probation(self, group: str, peers: Iterable[str]) -> frozenset[str]:
+        """Which of `peers` (members of `group`) are on probation in it."""
+        return frozenset(p for p in peers if (group, p) in self.probation)
+
+    def since(self, group: str, peer: str) -> int | None:
+        """The commit index noted when `peer` went on probation in `group`, or None."""
+        return self.probation.get((group, peer))
+
+    def lift(self, group: str, peer: str) -> None:
+        if self.probation.pop((group, peer), None) is not None:
+            self._dirty_prob.add((group, peer))
+
+    def take_changes(self) -> tuple[dict[str, str], dict[tuple[str, str], int | None]]:
+        """(identities to write, probations to write or, where None, to delete) since
+        the last call."""
+        ids = {p: self.identities[p] for p in self._dirty_ids}
+        prob = {k: self.probation.get(k) for k in self._dirty_prob}
+        self._dirty_ids.clear()
+        self._dirty_prob.clear()
+        return ids, prob
+
+    def has_changes(self) -> bool:
+        return bool(self._dirty_ids or self._dirty_prob)
