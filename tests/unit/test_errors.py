@@ -98,11 +98,11 @@ def test_a_non_string_code_falls_back_on_the_status() -> None:
     assert type(from_wire(404, {"error": {"code": 404, "message": "m"}})) is RouteNotFound
 
 
-def test_only_unavailable_nodes_and_failed_storage_are_retriable() -> None:
+def test_only_unavailable_nodes_failed_storage_and_not_leader_are_retriable() -> None:
     assert NodeUnavailable.retriable is True
     assert StorageFailed.retriable is True
     retriable = {cls for cls in CLASSES.values() if cls.retriable}
-    assert retriable == {NodeUnavailable, StorageFailed}
+    assert retriable == {NodeUnavailable, StorageFailed, NotLeader}
 
 
 def test_every_wire_error_has_an_error_status_and_a_unique_code() -> None:
