@@ -34,6 +34,7 @@ from zdmq.errors import (
     BadRequest,
     InternalError,
     NodeUnavailable,
+    NotLeader,
     QueueExists,
     QueueLimitReached,
     QueueNotFound,
@@ -729,7 +730,7 @@ class Node:
     def _drop_due(self, queue: str) -> None:
         del self._drop_timers[queue]
         lq = self.state.queues.get(queue)
-        if lq is not None and not lq.holds():
+        if lq is not None and not lq.holds() and self.leading:
             self._spawn(self._drop_empty(queue))
 
     async def settle_local(
@@ -885,24 +886,26 @@ class Node:
             await asyncio.sleep(max(sleep, 0.005))
 
     async def _drop_empty(self, queue: str) -> None:
-        """ZDMQ's empty step: drop the UUID queue, reset firstUUID, leave the metadata list."""
+        """ZDMQ's empty step: drop the UUID queue, reset firstUUID, leave the metadata list.
+        (A replica group's node that stopped leading meanwhile leaves it to the leader.)"""
         async with self._locks(queue):
-            lq = self.state.queues.get(queue)
-            if lq is not None:
-                if lq.holds():
-                    return  # a message arrived, or some are leased or delayed
-                await self.execute(DropEmpty(queue))
-            self._registered.pop(queue, None)
-            self.counters["unregistrations"] += 1
-            owner = self.meta_owner(queue)
-            try:
-                if owner == self.id:
-                    await self.unregister(queue, self.id)
-                else:  # in the next batch of unregistrations to that owner
-                    await self._unregistrations.add(owner, queue)
-            except ZdmqError as e:
-                # Harmless: a listed empty node costs a later pop one more call.
-                log.warning("unregister %s from %s failed: %s", self.id, queue, e)
+            with _unless_deposed():
+                lq = self.state.queues.get(queue)
+                if lq is not None:
+                    if lq.holds():
+                        return  # a message arrived, or some are leased or delayed
+                    await self.execute(DropEmpty(queue))
+                self._registered.pop(queue, None)
+                self.counters["unregistrations"] += 1
+                owner = self.meta_owner(queue)
+                try:
+                    if owner == self.id:
+                        await self.unregister(queue, self.id)
+                    else:  # in the next batch of unregistrations to that owner
+                        await self._unregistrations.add(owner, queue)
+                except ZdmqError as e:
+                    # Harmless: a listed empty node costs a later pop one more call.
+                    log.warning("unregister %s from %s failed: %s", self.id, queue, e)
 
     async def purge_local(self, queue: str) -> int:
         timer = self._drop_timers.pop(queue, None)
@@ -1136,6 +1139,16 @@ class Node:
             except Exception:  # keep sweeping whatever one round hit
                 log.exception("repair sweep failed")
             await asyncio.sleep(self.config.repair_interval_s)
+
+
+@contextlib.contextmanager
+def _unless_deposed() -> Iterator[None]:
+    """Swallows what a group's node that lost its leadership meets (NotLeader, or the
+    unknown outcome of a proposal it made while leading): the step is the new leader's."""
+    try:
+        yield
+    except (NotLeader, NodeUnavailable) as e:
+        log.debug("a background step stopped: %s", e)
 
 
 def _tokens() -> Iterator[str]:
