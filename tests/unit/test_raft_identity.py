@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zdmq.raft.identity import PeerBook, caught_up, judge_ack
+from zdmq.raft.identity import LiftReport, PeerBook, caught_up, judge_ack, report_current
 
 
 def test_a_first_sighting_records_and_a_new_identity_puts_the_peer_on_probation() -> None:
@@ -39,3 +39,23 @@ def test_a_quiet_leader_nudges_the_commit_index_once_the_peer_holds_its_whole_lo
     assert judge_ack(10, commit=10, last_index=10, acked=8, **kw) is None  # behind
     assert judge_ack(10, commit=11, last_index=11, acked=11, **kw) == "lift"
     assert judge_ack(10, commit=10, last_index=10, acked=10, **{**kw, "leading": False}) is None
+
+
+def test_a_lift_report_counts_only_from_the_current_leader_on_the_recorded_store() -> None:
+    r = LiftReport("a", "g", "b", "b2", 12, 4)
+    assert report_current(r, term=4, leader="a")
+    assert not report_current(r, term=5, leader="a")  # a deposed leader's (or an old) report
+    assert not report_current(r, term=4, leader=None)
+    assert not report_current(r, term=4, leader="c")
+    assert not report_current(r, term=3, leader="a")  # a term this node has not reached
+    book = PeerBook()
+    book.see("b", "b1", {"g": 1})
+    book.see("b", "b2", {"g": 12, "h": 3})
+    assert not book.lift_reported(LiftReport("a", "g", "b", "b1", 20, 4))  # an older store
+    assert not book.lift_reported(LiftReport("a", "g", "b", "b2", 11, 4))  # behind `since`
+    assert book.on_probation("g", ["b"]) == frozenset({"b"})
+    assert book.lift_reported(r)
+    assert book.on_probation("g", ["b"]) == frozenset()
+    assert book.on_probation("h", ["b"]) == frozenset({"b"})  # only the report's group
+    assert not book.lift_reported(r)  # nothing left to lift
+    assert book.take_changes() == ({"b": "b2"}, {("g", "b"): None, ("h", "b"): 3})

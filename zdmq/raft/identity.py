@@ -48,11 +48,43 @@ majority that left it. When a quiet group has nothing to commit, the leader appe
 empty entry once the peer holds its whole log ("nudge"), so the lift does not wait for
 traffic. A lift lost in a crash only means probation again.
 
-Each node lifts only its own probation, as leader. A follower keeps its probation of
-a peer until it leads while that peer catches up, which costs only liveness: while it
-lasts, that follower cannot count the peer's grant, so a group that has lost a second
-member's disk before then may have to wait for the member holding the data to be
-elected by someone else, or stay without a leader.
+Lift reports (`LiftReport`, `report_current`, `PeerBook.lift_reported`). A leader
+that lifted the probation of peer P in group g in its term U reports it to g's other
+members with every payload it sends them, while it leads in U, P's store is still the
+one it lifted and not on probation again, and for a bounded time: (g, P, P's store
+identity X, the index i that P has acknowledged in term U, U). A member F takes it
+only from the leader it follows in its current term (report term = F's term = U,
+sender = F's leader), then:
+  * if F has recorded another identity for P than X (or none), it records X first,
+    exactly as if a payload of X had arrived: probation in every group F shares with P,
+    noting F's commit index (a first sighting: nothing);
+  * it lifts its probation of P in g if its recorded identity for P is X and
+    i >= F's `since` for P in g. Every other probation (other groups) stays.
+Why F may trust it. The leader's lift established a fact about the store X, not about
+the leader: X holds, and acknowledged at term U, the leader's log up to i >= c, which
+by (1) contains every entry any earlier store of P helped commit (those stores'
+acknowledgements all precede X, which precedes the leader seeing X, which precedes
+the quorum Q of c), and X is at term >= U. A store never loses an acknowledged entry
+while it keeps its identity (a loss is a new identity), so the fact holds from then
+on, wherever and whenever the report is read: a report delayed, duplicated or
+reordered says nothing false. i >= F's `since` adds F's own view: X holds every entry
+F knew committed when it put P on probation. What F must not do is count anything X
+said before it caught up: X's grants and acknowledgements of then are of terms <= U,
+and F takes the report only at term U, following a leader of U, so F is neither a
+candidate nor a leader of a term <= U afterwards (terms only grow), and will never
+count them. This is also why the report is only taken from F's current leader: a
+report of U read by F at a later term would be equally true, but then F might have
+been a candidate in a term between, and the simple argument no longer covers it. A
+deposed leader cannot lift (it commits nothing in its term), and its old reports are
+of a term F has left. A report on an older identity of P, once F recorded a newer
+one Y, makes F record X again, which puts P on probation again (and Y's next payload
+once more): it only delays, as a late message of an old store does. Nothing in a
+report ever lifts a probation in another group or of another peer.
+
+A follower that missed every report (down for the whole time) keeps its probation
+until it leads while that peer catches up, or a later leader of the group lifts and
+reports it: while it lasts, that follower cannot count the peer's grant, so a group
+that has then lost another member may have to wait for it.
 
 The replaced node itself, which has no record of what it lost, guards its own vote
 with `RaftCore.store_guard` (this covers the candidates that never heard from the old
@@ -96,7 +128,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PeerBook", "caught_up", "judge_ack"]
+__all__ = ["LiftReport", "PeerBook", "caught_up", "judge_ack", "report_current"]
 
 
 def caught_up(
@@ -147,6 +179,26 @@ def judge_ack(
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class LiftReport:
+    """A leader's word that it lifted the probation of `peer` in `group`: the peer's
+    store `identity` accepted appends of the leader's term `term` up to `index` (the
+    leader's matched index for it when the report was sent). `src` is the leader."""
+
+    src: str
+    group: str
+    peer: str
+    identity: str
+    index: int
+    term: int
+
+
+def report_current(report: LiftReport, *, term: int, leader: str | None) -> bool:
+    """Whether a node at `term`, following `leader` (None: it knows none), takes
+    `report` at all: it comes from the leader this node follows in its current term."""
+    return report.term == term and leader == report.src
+
+
 @dataclass(slots=True)
 class PeerBook:
     """What a node knows of its peers' stores: identities and probations (module doc).
@@ -188,6 +240,19 @@ class PeerBook:
     def lift(self, group: str, peer: str) -> None:
         if self.probation.pop((group, peer), None) is not None:
             self._dirty_prob.add((group, peer))
+
+    def lift_reported(self, report: LiftReport) -> bool:
+        """Lifts the probation `report` (already found current, `report_current`) is
+        about, if the peer's recorded identity is the report's and the peer acknowledged
+        at least up to the commit index this node noted when it put it on probation;
+        returns whether it did."""
+        since = self.since(report.group, report.peer)
+        if since is None or self.identities.get(report.peer) != report.identity:
+            return False
+        if report.index < since:
+            return False
+        self.lift(report.group, report.peer)
+        return True
 
     def take_changes(self) -> tuple[dict[str, str], dict[tuple[str, str], int | None]]:
         """(identities to write, probations to write or, where None, to delete) since
