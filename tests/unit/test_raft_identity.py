@@ -10,16 +10,22 @@ def test_a_first_sighting_records_and_a_new_identity_puts_the_peer_on_probation(
     assert book.see("b", "b1", {"g": 5, "h": 2}) == []  # first boot: nothing recorded
     assert book.identities == {"b": "b1"} and book.probation == {}
     assert book.see("b", "b1", {"g": 6}) == []
-    assert book.take_changes() == ({"b": "b1"}, {})
+    assert book.take_changes() == ({"b": "b1"}, {}, {})
     assert sorted(book.see("b", "b2", {"g": 7, "h": 3})) == ["g", "h"]
     assert book.on_probation("g", ["a", "b", "c"]) == frozenset({"b"})
     assert book.since("g", "b") == 7 and book.since("h", "b") == 3
     book.lift("h", "b")
     assert book.on_probation("h", ["a", "b"]) == frozenset()
-    assert book.take_changes() == ({"b": "b2"}, {("g", "b"): 7, ("h", "b"): None})
+    assert book.take_changes() == (
+        {"b": "b2"},
+        {("g", "b"): 7, ("h", "b"): None},
+        {("h", "b"): "b2"},  # lifted in h: b2 is cleared there
+    )
+    assert book.reportable("h", "b") == "b2" and book.reportable("g", "b") is None
     assert not book.has_changes()
     # A late message of the old store is one more replacement: probation again.
-    assert book.see("b", "b1", {"g": 9}) == ["g"] and book.since("g", "b") == 9
+    assert book.see("b", "b1", {"g": 9, "h": 4}) == ["g", "h"] and book.since("g", "b") == 9
+    assert book.reportable("h", "b") is None and book.cleared == {}
 
 
 def test_a_probation_lifts_only_for_a_leader_that_committed_in_its_term_since() -> None:
@@ -58,4 +64,9 @@ def test_a_lift_report_counts_only_from_the_current_leader_on_the_recorded_store
     assert book.on_probation("g", ["b"]) == frozenset()
     assert book.on_probation("h", ["b"]) == frozenset({"b"})  # only the report's group
     assert not book.lift_reported(r)  # nothing left to lift
-    assert book.take_changes() == ({"b": "b2"}, {("g", "b"): None, ("h", "b"): 3})
+    assert book.take_changes() == (
+        {"b": "b2"},
+        {("g", "b"): None, ("h", "b"): 3},
+        {("g", "b"): "b2"},
+    )
+    assert book.reportable("g", "b") == "b2" and book.reportable("h", "b") is None

@@ -48,8 +48,9 @@ zdmq/raft/identity.py); a peer seen with another identity than the recorded one 
 its store, and goes on probation here in every group the two share: its votes and
 acknowledgements do not count and it gets no vote, until it catches up with this node
 as leader (`judge_ack`), or this node's current leader reports that it lifted it (a
-leader adds a `LiftReport` to its payloads to the group's other members while it
-leads in that term, for at most `report_ticks`). The cores also run with
+leader adds a `LiftReport` per member whose store it cleared to its payloads to the
+group's other members, for `report_ticks` from the start of its term and from each
+lift). The cores also run with
 `store_guard` and keep their `proven` / `told` state in the store, so a node whose own
 store is new does not vouch for a candidate missing what it was told is committed.
 zdmq/raft/identity.py says why this keeps committed entries, and under which faults.
@@ -372,8 +373,9 @@ class RaftHost:
     the group id, if any); a leader checks every `transfer_check_ticks` whether to hand
     over to it. Bounds: `max_queued_messages` and `max_queued_bytes` per peer (beyond
     them a message is dropped), `max_payload_bytes` per payload (past the first
-    message), `max_inbox` received messages waiting for the pump. A leader reports a
-    probation it lifted for at most `report_ticks` (zdmq/raft/identity.py).
+    message), `max_inbox` received messages waiting for the pump. A leader reports the
+    stores it cleared for `report_ticks` from the start of its term and from each lift
+    (zdmq/raft/identity.py).
     """
 
     def __init__(
@@ -450,9 +452,8 @@ class RaftHost:
         # Inputs waiting for the pump (see the module docstring).
         # (group, message or lift report, the sender's store identity)
         self._inbox: deque[tuple[str, Message | LiftReport, str]] = deque()
-        # Probations this node lifted as leader and reports to the group's other members:
-        # (group, peer) -> (the peer's identity, the term, the tick the reports end at).
-        self._lifted: dict[tuple[str, str], tuple[str, int, int]] = {}
+        # Group -> (the term this node leads it in, the tick its lift reports end at).
+        self._reporting: dict[str, tuple[int, int]] = {}
         self._proposals: deque[_Proposal] = deque()
         self._ticks = 0  # ticks not yet given to the cores
         self._ticked = 0  # ticks given, in all
@@ -705,8 +706,8 @@ class RaftHost:
                 if self._self_states.get(g, (False, (0, 0))) != (c.proven, c.told)
             }
             if writes or selves or self.book.has_changes():
-                ids, prob = self.book.take_changes()
-                await asyncio.to_thread(self._persist, writes, ids, prob, selves)
+                ids, prob, clear = self.book.take_changes()
+                await asyncio.to_thread(self._persist, writes, ids, prob, clear, selves)
                 self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
@@ -726,6 +727,7 @@ class RaftHost:
         writes: list[tuple[GroupLog, Ready]],
         ids: dict[str, str],
         prob: dict[tuple[str, str], int | None],
+        clear: dict[tuple[str, str], str | None],
         selves: dict[str, tuple[bool, tuple[int, int]]],
     ) -> None:
         """(In a worker thread.) Every group's Ready, what changed in the peer book and
@@ -733,7 +735,7 @@ class RaftHost:
         with self.store.batch():
             for glog, rd in writes:
                 glog.persist(rd)
-            self.store.save_peer_book(ids, prob)
+            self.store.save_peer_book(ids, prob, clear)
             self.store.save_self_states(selves)
 
     def _feed(self) -> None:
@@ -816,11 +818,7 @@ class RaftHost:
             self.book.lift(gid, m.src)
             core.probation = self.book.on_probation(gid, self.members[gid])
             self.counters["probations_lifted"] += 1
-            self._lifted[(gid, m.src)] = (
-                self.book.identities[m.src],
-                core.term,
-                self._ticked + self.report_ticks,
-            )
+            self._reporting[gid] = (core.term, self._ticked + self.report_ticks)
             log.info("%s: %s caught up in group %s", self.node_id, m.src, gid)
 
     def _take_report(self, core: RaftCore, r: LiftReport) -> None:
@@ -844,29 +842,30 @@ class RaftHost:
             )
 
     def _reports_for(self, pid: str) -> list[bytes]:
-        """The lift reports to send `pid` with a payload: for every probation this node
-        lifted as leader of a group `pid` is in (on another peer), while it still leads
-        in that term, the peer's store is the one lifted and not on probation again, and
-        for at most `report_ticks`; the index is the peer's matched index now."""
+        """The lift reports to send `pid` with a payload: in every group `pid` is in that
+        this node leads, for `report_ticks` from the start of its term or its latest lift
+        there, one per other member whose store this node cleared (`PeerBook.reportable`),
+        with that member's matched index in this term."""
         out: list[bytes] = []
-        for key, (ident, term, until) in list(self._lifted.items()):
-            gid, peer = key
+        book = self.book
+        for gid in self._shared[pid]:
+            reporting = self._reporting.get(gid)
+            if reporting is None:
+                continue
             core = self._cores[gid]
-            if (
-                core.role is not Role.LEADER
-                or core.term != term
-                or self._ticked > until
-                or self.book.identities.get(peer) != ident
-                or peer in core.probation
-            ):
-                del self._lifted[key]
+            term, until = reporting
+            if core.role is not Role.LEADER or core.term != term or self._ticked > until:
+                del self._reporting[gid]
                 continue
-            if peer == pid or pid not in self.members[gid]:
-                continue
-            pr = core.progress.get(peer)
-            index = pr.match if pr is not None else 0
-            r = LiftReport(self.node_id, gid, peer, ident, index, term)
-            out.append(_pack_report(self._packer, r))
+            for peer in self.members[gid]:
+                if peer in (pid, self.node_id):
+                    continue
+                ident = book.reportable(gid, peer)
+                if ident is None:
+                    continue
+                pr = core.progress.get(peer)
+                r = LiftReport(self.node_id, gid, peer, ident, pr.match if pr else 0, term)
+                out.append(_pack_report(self._packer, r))
         return out
 
     def _hand_to_preferred(self) -> None:
@@ -893,6 +892,7 @@ class RaftHost:
             self._lead_term[gid] = lead_term
             if lead_term is not None:
                 self.counters["elections_won"] += 1
+                self._reporting[gid] = (lead_term, self._ticked + self.report_ticks)
             pending = self._pending[gid]
             committed = core.log.committed
             for i in [i for i, (term, _) in pending.items() if i > committed and term != lead_term]:
@@ -952,7 +952,7 @@ class RaftHost:
                 batch = peer.queue[:n]
                 del peer.queue[:n]
                 peer.queued_bytes -= size
-                reports = self._reports_for(pid) if self._lifted else []
+                reports = self._reports_for(pid) if self.book.cleared else []
                 payload = _join_payload(self._packer, self.identity, batch, reports)
                 try:
                     await self._send(pid, payload)

@@ -48,43 +48,52 @@ majority that left it. When a quiet group has nothing to commit, the leader appe
 empty entry once the peer holds its whole log ("nudge"), so the lift does not wait for
 traffic. A lift lost in a crash only means probation again.
 
-Lift reports (`LiftReport`, `report_current`, `PeerBook.lift_reported`). A leader
-that lifted the probation of peer P in group g in its term U reports it to g's other
-members with every payload it sends them, while it leads in U, P's store is still the
-one it lifted and not on probation again, and for a bounded time: (g, P, P's store
-identity X, the index i that P has acknowledged in term U, U). A member F takes it
-only from the leader it follows in its current term (report term = F's term = U,
-sender = F's leader), then:
-  * if F has recorded another identity for P than X (or none), it records X first,
-    exactly as if a payload of X had arrived: probation in every group F shares with P,
-    noting F's commit index (a first sighting: nothing);
+Lift reports (`LiftReport`, `report_current`, `PeerBook.lift_reported`). A node that
+lifts a probation, itself or on a report, records the peer's store as *cleared* in that
+group (`PeerBook.cleared`, durable). A leader of group g in term U reports to g's
+other members, with every payload it sends them (for a bounded time after its term
+starts or it lifts a probation there), each other member P whose store X it cleared
+in g and still records, not on probation again: (g, P, X, the index i that X has
+acknowledged in term U, U). A member F takes a report only from the leader it
+follows in its current term (report term = F's term, sender = F's leader), then:
+  * if F records another identity for P than X (or none), it records X first,
+    exactly as if a payload of X had arrived: probation in every group F shares with
+    P, noting F's commit index (a first sighting: nothing);
   * it lifts its probation of P in g if its recorded identity for P is X and
-    i >= F's `since` for P in g. Every other probation (other groups) stays.
-Why F may trust it. The leader's lift established a fact about the store X, not about
-the leader: X holds, and acknowledged at term U, the leader's log up to i >= c, which
-by (1) contains every entry any earlier store of P helped commit (those stores'
-acknowledgements all precede X, which precedes the leader seeing X, which precedes
-the quorum Q of c), and X is at term >= U. A store never loses an acknowledged entry
-while it keeps its identity (a loss is a new identity), so the fact holds from then
-on, wherever and whenever the report is read: a report delayed, duplicated or
-reordered says nothing false. i >= F's `since` adds F's own view: X holds every entry
-F knew committed when it put P on probation. What F must not do is count anything X
-said before it caught up: X's grants and acknowledgements of then are of terms <= U,
-and F takes the report only at term U, following a leader of U, so F is neither a
-candidate nor a leader of a term <= U afterwards (terms only grow), and will never
-count them. This is also why the report is only taken from F's current leader: a
-report of U read by F at a later term would be equally true, but then F might have
-been a candidate in a term between, and the simple argument no longer covers it. A
-deposed leader cannot lift (it commits nothing in its term), and its old reports are
-of a term F has left. A report on an older identity of P, once F recorded a newer
-one Y, makes F record X again, which puts P on probation again (and Y's next payload
-once more): it only delays, as a late message of an old store does. Nothing in a
-report ever lifts a probation in another group or of another peer.
+    i >= F's `since` for P in g, and records X as cleared in g. Other groups'
+    probations stay.
+Why F may trust it. A lift establishes a fact about the store X, not about the node
+that lifted it: (1) and (2) above show that X holds, and acknowledged at term U0 (the
+lifting leader's term), every entry any earlier store of P helped commit (those
+stores' acknowledgements all precede X, which precedes the lifting leader seeing X,
+which precedes the quorum that committed c), and that X is at term >= U0. A store
+never loses an acknowledged entry while it keeps its identity (a loss is a new
+identity), so the fact holds from then on, wherever and whenever it is read: a
+report delayed, duplicated or reordered says nothing false, and a node that took
+the fact on a report may pass it on (by induction, every report's term is >= U0: a
+node takes a report only at the report's term and leads later only in higher
+terms). i >= F's `since` adds F's own view: X holds every entry F knew committed
+when it put P on probation. What F must not do is count anything X said before it
+caught up: X's grants and acknowledgements of then are of terms <= U0 <= the
+report's term U, and F takes the report at term U, following a leader of U, so
+afterwards F is a candidate or a leader only in terms > U (terms only grow) and
+never counts them. This is why a report is only taken from F's current leader at
+F's current term: a report of U read by F at a later term would be just as true,
+but F may have been a candidate between, and the argument no longer covers it. A
+deposed leader cannot lift (it commits nothing in its term), and its reports are of
+a term F has left. A report on an older identity X of P, read after F recorded a
+newer one Y, makes F record X again, which puts P on probation again (and Y's next
+payload once more): it only delays, as a late message of an old store does. A
+report never lifts a probation in another group or of another peer.
 
-A follower that missed every report (down for the whole time) keeps its probation
-until it leads while that peer catches up, or a later leader of the group lifts and
-reports it: while it lasts, that follower cannot count the peer's grant, so a group
-that has then lost another member may have to wait for it.
+What reports do not cover (liveness only). A leader reports only stores it cleared:
+one it saw first, having never recorded that peer's old store, it never had on
+probation (see Known limits) and cannot vouch for, so a member that holds that peer
+on probation keeps it until it leads while the peer catches up, or another leader
+that cleared it reports it. The same for a member that missed every report (down
+for their whole time): it waits for the next leader's term. While it lasts, that
+member cannot count the peer's grant, so a group that has then lost another member
+may have to wait for it.
 
 The replaced node itself, which has no record of what it lost, guards its own vote
 with `RaftCore.store_guard` (this covers the candidates that never heard from the old
@@ -210,8 +219,12 @@ class PeerBook:
     identities: dict[str, str] = field(default_factory=dict)
     #: (group, peer) -> this node's commit index in that group when the peer was replaced.
     probation: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (group, peer) -> the peer's store identity whose probation this node lifted there
+    #: (itself, or on a report): what it reports as that group's leader.
+    cleared: dict[tuple[str, str], str] = field(default_factory=dict)
     _dirty_ids: set[str] = field(default_factory=set)
     _dirty_prob: set[tuple[str, str]] = field(default_factory=set)
+    _dirty_clear: set[tuple[str, str]] = field(default_factory=set)
 
     def see(self, peer: str, identity: str, commits: Mapping[str, int]) -> list[str]:
         """A payload from `peer` carrying `identity`; `commits` maps each group this node
@@ -227,6 +240,8 @@ class PeerBook:
         for gid, commit in commits.items():
             self.probation[(gid, peer)] = commit
             self._dirty_prob.add((gid, peer))
+            if self.cleared.pop((gid, peer), None) is not None:
+                self._dirty_clear.add((gid, peer))
         return list(commits)
 
     def on_probation(self, group: str, peers: Iterable[str]) -> frozenset[str]:
@@ -238,8 +253,20 @@ class PeerBook:
         return self.probation.get((group, peer))
 
     def lift(self, group: str, peer: str) -> None:
+        """Ends the probation of `peer` in `group`, and records its store as cleared there."""
         if self.probation.pop((group, peer), None) is not None:
             self._dirty_prob.add((group, peer))
+            self.cleared[(group, peer)] = self.identities[peer]
+            self._dirty_clear.add((group, peer))
+
+    def reportable(self, group: str, peer: str) -> str | None:
+        """The identity of `peer`'s store if this node cleared it in `group` (lifted its
+        probation there, itself or on a report) and it is still the one recorded and not
+        on probation: what a leader of `group` reports (module doc), else None."""
+        ident = self.cleared.get((group, peer))
+        if ident is None or ident != self.identities.get(peer) or (group, peer) in self.probation:
+            return None
+        return ident
 
     def lift_reported(self, report: LiftReport) -> bool:
         """Lifts the probation `report` (already found current, `report_current`) is
@@ -254,14 +281,20 @@ class PeerBook:
         self.lift(report.group, report.peer)
         return True
 
-    def take_changes(self) -> tuple[dict[str, str], dict[tuple[str, str], int | None]]:
-        """(identities to write, probations to write or, where None, to delete) since
-        the last call."""
+    def take_changes(
+        self,
+    ) -> tuple[
+        dict[str, str], dict[tuple[str, str], int | None], dict[tuple[str, str], str | None]
+    ]:
+        """(identities to write, probations to write or, where None, to delete, cleared
+        stores to write or, where None, to delete) since the last call."""
         ids = {p: self.identities[p] for p in self._dirty_ids}
         prob = {k: self.probation.get(k) for k in self._dirty_prob}
+        clear = {k: self.cleared.get(k) for k in self._dirty_clear}
         self._dirty_ids.clear()
         self._dirty_prob.clear()
-        return ids, prob
+        self._dirty_clear.clear()
+        return ids, prob, clear
 
     def has_changes(self) -> bool:
-        return bool(self._dirty_ids or self._dirty_prob)
+        return bool(self._dirty_ids or self._dirty_prob or self._dirty_clear)
