@@ -742,6 +742,73 @@ async def test_after_a_replaced_store_caught_up_the_others_elect_without_its_old
         await c.close()
 
 
+async def test_a_follower_takes_a_lift_report_only_from_its_leader_in_its_term_on_that_store(
+    tmp_path: Path,
+) -> None:
+    c = one_group(tmp_path, "n0")
+    try:
+        for node in c.ids:
+            c.start(node)
+        await until(lambda: c.leader_of("g") == "n0", "n0 leads")
+        await propose_on_leader(c, "g", b"x")
+        await until(lambda: c.converged("g", 1), "applied everywhere")
+        c.sides = {"n0": 0, "n1": 1, "n2": 0}  # the real n1 stays quiet
+        host = c.hosts["n2"]
+        term = host.leader("g")[1]
+        new_b = "b" * 32
+        beat_b = [("g", Message(MsgType.HEARTBEAT_RESP, "n1", "n2", term))]
+        host.receive(encode_messages(beat_b, c.stores["n1"].identity))  # n2 records n1's store
+        host.receive(encode_messages(beat_b, new_b))  # then sees another: replaced
+        await until(lambda: "n1" in host.on_probation("g"), "n1 on probation at n2")
+        since = host.book.since("g", "n1")
+        assert since is not None
+        a_id = c.stores["n0"].identity
+
+        def report(src: str, identity: str, index: int, r_term: int, on: str = new_b) -> bytes:
+            beat = Message(MsgType.HEARTBEAT_RESP, src, "n2", term)
+            return encode_messages(
+                [("g", beat)], identity, [LiftReport(src, "g", "n1", on, index, r_term)]
+            )
+
+        for payload in [
+            report("n0", a_id, since, term - 1),  # an older term's (a deposed leader's)
+            report("n0", a_id, since, term + 1),  # a term n2 has not reached
+            report("n0", a_id, since - 1, term),  # behind what n2 knew committed
+        ]:
+            host.receive(payload)
+        await asyncio.sleep(5 * TICK_S)
+        assert "n1" in host.on_probation("g") and host.book.identities["n1"] == new_b
+        assert host.counters["probations_lifted_by_report"] == 0
+        # A report on a store of n1's that n2 does not record (an older one, delayed) is
+        # taken as that store's payload would be, and lifts only that store: the store
+        # n1 really has is a replacement again at its next payload.
+        host.receive(report("n0", a_id, since, term, "c" * 32))
+        await until(lambda: host.book.identities["n1"] == "c" * 32, "n2 records c")
+        assert host.book.reportable("g", "n1") == "c" * 32
+        host.receive(encode_messages(beat_b, new_b))
+        await until(lambda: "n1" in host.on_probation("g"), "b on probation again")
+        assert host.book.identities["n1"] == new_b and host.book.reportable("g", "n1") is None
+        since = host.book.since("g", "n1")
+        assert since is not None
+        host.receive(report("n0", a_id, since - 1, term))  # behind n2's commit at the sighting
+        await asyncio.sleep(5 * TICK_S)
+        assert "n1" in host.on_probation("g")
+        # From its leader, at its term, on the store it records, caught up: lifted.
+        host.receive(report("n0", a_id, since, term))
+        await until(lambda: "n1" not in host.on_probation("g"), "lifted on the report")
+        assert host.counters["probations_lifted_by_report"] == 2
+        # A report from another store of n0's: n0 is replaced (on probation), and its
+        # report is not taken.
+        host.receive(report("n0", "f" * 32, since, term, "d" * 32))
+        await until(lambda: "n0" in host.on_probation("g"), "n0 on probation at n2")
+        await asyncio.sleep(5 * TICK_S)
+        assert host.book.identities["n1"] == new_b and host.book.reportable("g", "n1") == new_b
+        assert host.counters["probations_lifted_by_report"] == 2
+        assert host.book.reportable("g", "n1") == new_b
+    finally:
+        await c.close()
+
+
 # ---- group commit ----------------------------------------------------------------------------
 async def test_concurrent_proposals_across_groups_share_few_store_commits(tmp_path: Path) -> None:
     async with cluster(tmp_path, 3) as c:

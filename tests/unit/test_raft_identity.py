@@ -54,6 +54,7 @@ def test_a_lift_report_counts_only_from_the_current_leader_on_the_recorded_store
     assert not report_current(r, term=4, leader=None)
     assert not report_current(r, term=4, leader="c")
     assert not report_current(r, term=3, leader="a")  # a term this node has not reached
+    assert not report_current(r, term=4, leader="a", probation={"a"})  # a replaced sender
     book = PeerBook()
     book.see("b", "b1", {"g": 1})
     book.see("b", "b2", {"g": 12, "h": 3})

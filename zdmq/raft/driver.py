@@ -826,7 +826,7 @@ class RaftHost:
         only from the leader this core follows in its current term; a report on a store
         not recorded here yet records it first (as its payload would: probation in every
         shared group), then lifts the probation in the report's group if it is due."""
-        if not report_current(r, term=core.term, leader=core.leader):
+        if not report_current(r, term=core.term, leader=core.leader, probation=core.probation):
             return
         if self.book.identities.get(r.peer) != r.identity:
             self._seen(r.peer, r.identity)

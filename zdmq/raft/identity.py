@@ -55,7 +55,9 @@ other members, with every payload it sends them (for a bounded time after its te
 starts or it lifts a probation there), each other member P whose store X it cleared
 in g and still records, not on probation again: (g, P, X, the index i that X has
 acknowledged in term U, U). A member F takes a report only from the leader it
-follows in its current term (report term = F's term, sender = F's leader), then:
+follows in its current term (report term = F's term, sender = F's leader) and does
+not hold on probation there (a sender's store F sees replaced vouches for nothing
+until it is lifted itself), then:
   * if F records another identity for P than X (or none), it records X first,
     exactly as if a payload of X had arrived: probation in every group F shares with
     P, noting F's commit index (a first sighting: nothing);
@@ -82,8 +84,10 @@ F's current term: a report of U read by F at a later term would be just as true,
 but F may have been a candidate between, and the argument no longer covers it. A
 deposed leader cannot lift (it commits nothing in its term), and its reports are of
 a term F has left. A report on an older identity X of P, read after F recorded a
-newer one Y, makes F record X again, which puts P on probation again (and Y's next
-payload once more): it only delays, as a late message of an old store does. A
+newer one Y, makes F record X (probation in every shared group, as a replacement)
+and lift it in g, as the fact about X allows; Y's next payload is a replacement
+again, checked before anything of it counts: it only delays, as a late message of an
+old store does. A
 report never lifts a probation in another group or of another peer.
 
 What reports do not cover (liveness only). A leader reports only stores it cleared:
@@ -202,10 +206,13 @@ class LiftReport:
     term: int
 
 
-def report_current(report: LiftReport, *, term: int, leader: str | None) -> bool:
-    """Whether a node at `term`, following `leader` (None: it knows none), takes
-    `report` at all: it comes from the leader this node follows in its current term."""
-    return report.term == term and leader == report.src
+def report_current(
+    report: LiftReport, *, term: int, leader: str | None, probation: Iterable[str] = ()
+) -> bool:
+    """Whether a node at `term`, following `leader` (None: it knows none), holding the
+    peers `probation` on probation in the report's group, takes `report` at all: it
+    comes from the leader this node follows in its current term, not on probation."""
+    return report.term == term and leader == report.src and report.src not in probation
 
 
 @dataclass(slots=True)

@@ -465,7 +465,7 @@ class _Sim:
         """`RaftHost._take_report`."""
         core = n.core
         assert core is not None
-        if not report_current(r, term=core.term, leader=core.leader):
+        if not report_current(r, term=core.term, leader=core.leader, probation=core.probation):
             return
         if n.book.identities.get(r.peer) != r.identity:
             self._see(n, r.peer, r.identity)
