@@ -69,9 +69,10 @@ that lifted it: (1) and (2) above show that X holds, and acknowledged at term U0
 lifting leader's term), every entry any earlier store of P helped commit (those
 stores' acknowledgements all precede X, which precedes the lifting leader seeing X,
 which precedes the quorum that committed c), and that X is at term >= U0. A store
-never loses an acknowledged entry while it keeps its identity (a loss is a new
-identity), so the fact holds from then on, wherever and whenever it is read: a
-report delayed, duplicated or reordered says nothing false, and a node that took
+never loses a committed entry it holds nor goes back in term while it keeps its
+identity (a loss is a new identity), so the fact holds from then on, wherever and
+whenever it is read: a report delayed, duplicated or reordered says nothing false,
+and a node that took
 the fact on a report may pass it on (by induction, every report's term is >= U0: a
 node takes a report only at the report's term and leads later only in higher
 terms). i >= F's `since` adds F's own view: X holds every entry F knew committed
@@ -87,8 +88,7 @@ a term F has left. A report on an older identity X of P, read after F recorded a
 newer one Y, makes F record X (probation in every shared group, as a replacement)
 and lift it in g, as the fact about X allows; Y's next payload is a replacement
 again, checked before anything of it counts: it only delays, as a late message of an
-old store does. A
-report never lifts a probation in another group or of another peer.
+old store does. A report never lifts a probation in another group or of another peer.
 
 What reports do not cover (liveness only). A leader reports only stores it cleared:
 one it saw first, having never recorded that peer's old store, it never had on
