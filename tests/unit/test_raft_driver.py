@@ -37,9 +37,11 @@ from zdmq.raft.driver import (
     RaftHostStopped,
     UnknownGroup,
     decode_messages,
+    decode_payload,
     encode_messages,
     http_sender,
 )
+from zdmq.raft.identity import LiftReport
 from zdmq.raft.sqlite_storage import Durability, RaftLogStore
 from zdmq.server import app as app_module
 from zdmq.server.http import App, serve_app
@@ -224,6 +226,9 @@ def test_messages_round_trip_through_a_payload() -> None:
     ]
     assert decode_messages(encode_messages(msgs, "0f3a")) == ("0f3a", msgs)
     assert decode_messages(encode_messages([], "A-z_9" * 12)) == ("A-z_9" * 12, [])
+    reports = [LiftReport("a", "g1", "c", "c0ffee", 9, 5), LiftReport("a", "g2", "d", "d1", 0, 1)]
+    assert decode_payload(encode_messages(msgs, "0f3a", reports)) == ("0f3a", msgs, reports)
+    assert decode_payload(encode_messages(msgs, "0f3a")) == ("0f3a", msgs, [])
 
 
 def _raw(*items: Any, identity: Any = "5e1f") -> bytes:
@@ -283,6 +288,15 @@ def _good(**over: Any) -> list[Any]:
         _raw(_good(entries=[[2, 5]])),
         _raw(_good(entries={})),
         _raw([*_good(), 0]),
+        msgpack.packb(["5e1f", [_good()], {}]),  # reports not an array
+        msgpack.packb(["5e1f", [_good()], [], []]),
+        msgpack.packb(["5e1f", [], [["g", "c", "c0ffee", 9, 5]]]),  # a report, no sender
+        msgpack.packb(["5e1f", [_good()], [["g", "c", "c0ffee", 9]]]),
+        msgpack.packb(["5e1f", [_good()], [["g", "c", "not an id", 9, 5]]]),
+        msgpack.packb(["5e1f", [_good()], [["g", "c", "c0ffee", -1, 5]]]),
+        msgpack.packb(["5e1f", [_good()], [["g", "c", "c0ffee", 9, "5"]]]),
+        msgpack.packb(["5e1f", [_good()], [["g", 3, "c0ffee", 9, 5]]]),
+        msgpack.packb(["5e1f", [_good()], [[None, "c", "c0ffee", 9, 5]]]),
     ],
 )
 def test_a_malformed_payload_is_refused_by_the_decoder(payload: bytes) -> None:
@@ -412,6 +426,14 @@ async def test_a_malformed_payload_raises_the_typed_error_and_the_host_keeps_wor
             encode_messages([("n0", Message(MsgType.HEARTBEAT, "n0", "n2", 1))], ID),  # not n1's
             encode_messages([("n0", Message(MsgType.HEARTBEAT, "n1", "n1", 1))], ID),  # itself
             encode_messages([("n1", Message(MsgType.HEARTBEAT, "n4", "n1", 1))], ID),  # no member
+            *(  # lift reports on no group of n1's, on no member, on their sender, on n1 itself
+                encode_messages(
+                    [("n0", Message(MsgType.HEARTBEAT, "n0", "n1", 1))],
+                    ID,
+                    [LiftReport("n0", g, peer, ID, 1, 1)],
+                )
+                for g, peer in [("unknown", "n2"), ("n0", "n4"), ("n0", "n0"), ("n0", "n1")]
+            ),
         ]
         received = host.counters["messages_received"]
         for payload in bad:
@@ -663,6 +685,126 @@ async def test_a_probation_survives_a_restart_of_the_host_holding_it(tmp_path: P
         await until(lambda: host.book.identities["n1"] == c.stores["n1"].identity, "n1 seen")
         await until(lambda: host.on_probation("g") == frozenset(), "n1's probation lifted")
         assert await propose_on_leader(c, "g", b"x") is not None
+    finally:
+        await c.close()
+
+
+async def test_after_a_replaced_store_caught_up_the_others_elect_without_its_old_leader(
+    tmp_path: Path,
+) -> None:
+    """{A, B, C} = {n0, n1, n2}, A leads: B's store file is deleted, B restarts and
+    catches up under A, and A lifts B's probation and reports it; C lifts its own. Then
+    A stops: B and C elect one of themselves and commit, which they could not if C still
+    held B on probation (C would count neither B's grant nor vote for B)."""
+    c = one_group(tmp_path, "n1")
+    try:
+        for node in c.ids:
+            c.start(node)
+        # B leads first, so C records B's store (as members sharing several groups do).
+        await until(lambda: c.leader_of("g") == "n1", "n1 leads")
+        await propose_on_leader(c, "g", b"before")
+        await until(lambda: c.converged("g", 1), "applied everywhere")
+        assert c.hosts["n2"].book.identities["n1"] == c.stores["n1"].identity
+        c.host_kw["preferred"] = {"g": "n0"}
+        for h in c.hosts.values():
+            h.preferred["g"] = "n0"
+        await until(lambda: c.leader_of("g") == "n0", "n1 hands the group to n0")
+        await c.stop("n1")
+        lose_disk(c, "n1")
+        c.start("n1")
+        await until(lambda: c.datas("n1", "g") == [b"before"], "B caught up")
+        await until(lambda: c.hosts["n0"].on_probation("g") == frozenset(), "A lifts B")
+        assert await propose_on_leader(c, "g", b"caught up") is not None
+        await until(lambda: c.converged("g", 2), "applied everywhere")
+        # C never heard from B's new store: A's report tells it, and lifts it there.
+        new_b = c.stores["n1"].identity
+        await until(
+            lambda: (
+                c.hosts["n2"].book.identities["n1"] == new_b
+                and c.hosts["n2"].on_probation("g") == frozenset()
+            ),
+            "C records B's new store, not on probation",
+        )
+        assert c.hosts["n2"].counters["probations_lifted_by_report"] == 1
+        await c.stop("n0")
+        took = await until(
+            lambda: c.leader_of("g") in ("n1", "n2"), "B or C leads without A", timeout_s=5.0
+        )
+        assert took < 5.0
+        assert await propose_on_leader(c, "g", b"without A") is not None
+        await until(
+            lambda: (
+                c.datas("n1", "g") == c.datas("n2", "g") == [b"before", b"caught up", b"without A"]
+            ),
+            "B and C apply it",
+        )
+    finally:
+        await c.close()
+
+
+async def test_a_follower_takes_a_lift_report_only_from_its_leader_in_its_term_on_that_store(
+    tmp_path: Path,
+) -> None:
+    c = one_group(tmp_path, "n0")
+    try:
+        for node in c.ids:
+            c.start(node)
+        await until(lambda: c.leader_of("g") == "n0", "n0 leads")
+        await propose_on_leader(c, "g", b"x")
+        await until(lambda: c.converged("g", 1), "applied everywhere")
+        c.sides = {"n0": 0, "n1": 1, "n2": 0}  # the real n1 stays quiet
+        host = c.hosts["n2"]
+        term = host.leader("g")[1]
+        new_b = "b" * 32
+        beat_b = [("g", Message(MsgType.HEARTBEAT_RESP, "n1", "n2", term))]
+        host.receive(encode_messages(beat_b, c.stores["n1"].identity))  # n2 records n1's store
+        host.receive(encode_messages(beat_b, new_b))  # then sees another: replaced
+        await until(lambda: "n1" in host.on_probation("g"), "n1 on probation at n2")
+        since = host.book.since("g", "n1")
+        assert since is not None
+        a_id = c.stores["n0"].identity
+
+        def report(src: str, identity: str, index: int, r_term: int, on: str = new_b) -> bytes:
+            beat = Message(MsgType.HEARTBEAT_RESP, src, "n2", term)
+            return encode_messages(
+                [("g", beat)], identity, [LiftReport(src, "g", "n1", on, index, r_term)]
+            )
+
+        for payload in [
+            report("n0", a_id, since, term - 1),  # an older term's (a deposed leader's)
+            report("n0", a_id, since, term + 1),  # a term n2 has not reached
+            report("n0", a_id, since - 1, term),  # behind what n2 knew committed
+        ]:
+            host.receive(payload)
+        await asyncio.sleep(5 * TICK_S)
+        assert "n1" in host.on_probation("g") and host.book.identities["n1"] == new_b
+        assert host.counters["probations_lifted_by_report"] == 0
+        # A report on a store of n1's that n2 does not record (an older one, delayed) is
+        # taken as that store's payload would be, and lifts only that store: the store
+        # n1 really has is a replacement again at its next payload.
+        host.receive(report("n0", a_id, since, term, "c" * 32))
+        await until(lambda: host.book.identities["n1"] == "c" * 32, "n2 records c")
+        assert host.book.reportable("g", "n1") == "c" * 32
+        host.receive(encode_messages(beat_b, new_b))
+        await until(lambda: "n1" in host.on_probation("g"), "b on probation again")
+        assert host.book.identities["n1"] == new_b and host.book.reportable("g", "n1") is None
+        since = host.book.since("g", "n1")
+        assert since is not None
+        host.receive(report("n0", a_id, since - 1, term))  # behind n2's commit at the sighting
+        await asyncio.sleep(5 * TICK_S)
+        assert "n1" in host.on_probation("g")
+        # From its leader, at its term, on the store it records, caught up: lifted.
+        host.receive(report("n0", a_id, since, term))
+        await until(lambda: "n1" not in host.on_probation("g"), "lifted on the report")
+        assert host.counters["probations_lifted_by_report"] == 2
+        # A report from another store of n0's: n0 is replaced (on probation), and its
+        # report is not taken.
+        host.receive(report("n0", "f" * 32, since, term, "d" * 32))
+        await until(lambda: "n0" in host.on_probation("g"), "n0 on probation at n2")
+        await asyncio.sleep(5 * TICK_S)
+        assert host.book.identities["n1"] == new_b and host.book.reportable("g", "n1") == new_b
+        assert host.counters["probations_lifted_by_report"] == 2
+        assert host.book.reportable("g", "n1") == new_b
     finally:
         await c.close()
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zdmq.raft.identity import PeerBook, caught_up, judge_ack
+from zdmq.raft.identity import LiftReport, PeerBook, caught_up, judge_ack, report_current
 
 
 def test_a_first_sighting_records_and_a_new_identity_puts_the_peer_on_probation() -> None:
@@ -10,16 +10,22 @@ def test_a_first_sighting_records_and_a_new_identity_puts_the_peer_on_probation(
     assert book.see("b", "b1", {"g": 5, "h": 2}) == []  # first boot: nothing recorded
     assert book.identities == {"b": "b1"} and book.probation == {}
     assert book.see("b", "b1", {"g": 6}) == []
-    assert book.take_changes() == ({"b": "b1"}, {})
+    assert book.take_changes() == ({"b": "b1"}, {}, {})
     assert sorted(book.see("b", "b2", {"g": 7, "h": 3})) == ["g", "h"]
     assert book.on_probation("g", ["a", "b", "c"]) == frozenset({"b"})
     assert book.since("g", "b") == 7 and book.since("h", "b") == 3
     book.lift("h", "b")
     assert book.on_probation("h", ["a", "b"]) == frozenset()
-    assert book.take_changes() == ({"b": "b2"}, {("g", "b"): 7, ("h", "b"): None})
+    assert book.take_changes() == (
+        {"b": "b2"},
+        {("g", "b"): 7, ("h", "b"): None},
+        {("h", "b"): "b2"},  # lifted in h: b2 is cleared there
+    )
+    assert book.reportable("h", "b") == "b2" and book.reportable("g", "b") is None
     assert not book.has_changes()
     # A late message of the old store is one more replacement: probation again.
-    assert book.see("b", "b1", {"g": 9}) == ["g"] and book.since("g", "b") == 9
+    assert book.see("b", "b1", {"g": 9, "h": 4}) == ["g", "h"] and book.since("g", "b") == 9
+    assert book.reportable("h", "b") is None and book.cleared == {}
 
 
 def test_a_probation_lifts_only_for_a_leader_that_committed_in_its_term_since() -> None:
@@ -39,3 +45,29 @@ def test_a_quiet_leader_nudges_the_commit_index_once_the_peer_holds_its_whole_lo
     assert judge_ack(10, commit=10, last_index=10, acked=8, **kw) is None  # behind
     assert judge_ack(10, commit=11, last_index=11, acked=11, **kw) == "lift"
     assert judge_ack(10, commit=10, last_index=10, acked=10, **{**kw, "leading": False}) is None
+
+
+def test_a_lift_report_counts_only_from_the_current_leader_on_the_recorded_store() -> None:
+    r = LiftReport("a", "g", "b", "b2", 12, 4)
+    assert report_current(r, term=4, leader="a")
+    assert not report_current(r, term=5, leader="a")  # a deposed leader's (or an old) report
+    assert not report_current(r, term=4, leader=None)
+    assert not report_current(r, term=4, leader="c")
+    assert not report_current(r, term=3, leader="a")  # a term this node has not reached
+    assert not report_current(r, term=4, leader="a", probation={"a"})  # a replaced sender
+    book = PeerBook()
+    book.see("b", "b1", {"g": 1})
+    book.see("b", "b2", {"g": 12, "h": 3})
+    assert not book.lift_reported(LiftReport("a", "g", "b", "b1", 20, 4))  # an older store
+    assert not book.lift_reported(LiftReport("a", "g", "b", "b2", 11, 4))  # behind `since`
+    assert book.on_probation("g", ["b"]) == frozenset({"b"})
+    assert book.lift_reported(r)
+    assert book.on_probation("g", ["b"]) == frozenset()
+    assert book.on_probation("h", ["b"]) == frozenset({"b"})  # only the report's group
+    assert not book.lift_reported(r)  # nothing left to lift
+    assert book.take_changes() == (
+        {"b": "b2"},
+        {("g", "b"): None, ("h", "b"): 3},
+        {("g", "b"): "b2"},
+    )
+    assert book.reportable("g", "b") == "b2" and book.reportable("h", "b") is None

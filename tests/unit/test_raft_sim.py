@@ -27,6 +27,8 @@ def test_runs_exercise_the_faults_they_claim() -> None:
     results = [sim.run(seed, SimConfig(nodes=5)) for seed in range(40)]
     assert sum(r.crashes for r in results) > 40
     assert sum(r.disk_losses for r in results) > 10
+    # Runs that lost a disk then elect and commit without their leader.
+    assert sum(r.liveness_checked for r in results) > 10
     assert sum(r.partitions for r in results) > 20
     assert sum(r.transfers for r in results) > 5
     assert sum(r.leaders for r in results) > 100  # terms that had a leader

@@ -469,13 +469,16 @@ def test_peer_identities_probations_and_proven_states_survive_a_reopen(tmp_path:
         with store.batch():
             store.save_peer_book({"n1": "a1", "n2": "b1"}, {("g", "n1"): 7, ("h", "n1"): 0})
             store.save_self_states({"g": (False, (9, 3))})
-        store.save_peer_book({"n1": "a2"}, {("h", "n1"): None})  # lifted in h
+        store.save_peer_book({"n1": "a2"}, {("h", "n1"): None}, {("h", "n1"): "a2"})  # lifted in h
+        store.save_peer_book({}, {}, {("h", "n2"): "b1"})
+        store.save_peer_book({}, {}, {("h", "n2"): None})
         store.save_self_states({"h": (True, (0, 0))})
     with RaftLogStore(path, "fsync") as store:
         assert store.identity == ident  # written once, when the file was created
         book = store.peer_book()
         assert book.identities == {"n1": "a2", "n2": "b1"}
         assert book.probation == {("g", "n1"): 7}
+        assert book.cleared == {("h", "n1"): "a2"}
         assert store.self_states() == {"g": (False, (9, 3)), "h": (True, (0, 0))}
     path.unlink()
     for suffix in ("-wal", "-shm"):

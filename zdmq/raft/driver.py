@@ -47,10 +47,13 @@ new with every new store file). The host records each peer's in its store (`Peer
 zdmq/raft/identity.py); a peer seen with another identity than the recorded one lost
 its store, and goes on probation here in every group the two share: its votes and
 acknowledgements do not count and it gets no vote, until it catches up with this node
-as leader (`judge_ack`). The cores also run with `store_guard` and keep their
-`proven` / `told` state in the store, so a node whose own store is new does not vouch
-for a candidate missing what it was told is committed. zdmq/raft/identity.py says why
-this keeps committed entries, and under which faults.
+as leader (`judge_ack`), or this node's current leader reports that it lifted it (a
+leader adds a `LiftReport` per member whose store it cleared to its payloads to the
+group's other members, for `report_ticks` from the start of its term and from each
+lift). The cores also run with
+`store_guard` and keep their `proven` / `told` state in the store, so a node whose own
+store is new does not vouch for a candidate missing what it was told is committed.
+zdmq/raft/identity.py says why this keeps committed entries, and under which faults.
 
 Leadership. A node that is its group's preferred leader campaigns as soon as its host
 starts; and every few ticks a leader that is not its group's preferred leader hands
@@ -79,7 +82,7 @@ import msgpack
 from zdmq import _http
 from zdmq.errors import BadRequest, NodeUnavailable
 from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
-from zdmq.raft.identity import judge_ack
+from zdmq.raft.identity import LiftReport, judge_ack, report_current
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
 from zdmq.raft.storage import Entry
 
@@ -90,6 +93,7 @@ __all__ = [
     "RaftHostStopped",
     "UnknownGroup",
     "decode_messages",
+    "decode_payload",
     "encode_messages",
     "http_sender",
 ]
@@ -104,9 +108,13 @@ Send = Callable[[str, bytes], Awaitable[None]]
 Apply = Callable[[str, Entry], Any]
 
 # ---- wire encoding --------------------------------------------------------------------------
-# A payload is the msgpack array [identity, messages]: `identity` is the sender's store
-# identity (`RaftLogStore.identity`, 1 to 64 characters of [0-9A-Za-z_-]; see
-# zdmq/raft/identity.py for what the receiver does with it), `messages` an array of
+# A payload is the msgpack array [identity, messages] or [identity, messages, reports]:
+# `identity` is the sender's store identity (`RaftLogStore.identity`, 1 to 64 characters
+# of [0-9A-Za-z_-]; see zdmq/raft/identity.py for what the receiver does with it),
+# `reports` (only with at least one message; the messages' `src` sent them) an array of
+#   [group, peer, peer_identity, index, term]
+# (`LiftReport`: the sender, leading `group` in `term`, lifted the probation of `peer`,
+# whose store `peer_identity` acknowledged up to `index` in that term), `messages` an array of
 #   [group, type, src, dst, term, index, log_term, entries, commit, reject, reject_hint, force]
 # with `type` a small integer (_TYPE_CODES) and `entries` an array of [term, index, data]
 # (data: bin, or nil for a leader's empty entry). Every message of a payload has the
@@ -151,17 +159,40 @@ def _pack_message(packer: msgpack.Packer, group: str, m: Message) -> bytes:
     return out
 
 
-def _join_payload(packer: msgpack.Packer, identity: str, packed: Sequence[bytes]) -> bytes:
-    """One payload from its sender's store identity and messages packed one by one
-    (`_pack_message`)."""
-    head = packer.pack_array_header(2) + packer.pack(identity)
-    return bytes(head) + bytes(packer.pack_array_header(len(packed))) + b"".join(packed)
+def _pack_report(packer: msgpack.Packer, r: LiftReport) -> bytes:
+    out: bytes = packer.pack([r.group, r.peer, r.identity, r.index, r.term])
+    return out
 
 
-def encode_messages(messages: Sequence[tuple[str, Message]], identity: str) -> bytes:
-    """A payload of (group id, message) pairs from the store `identity`."""
+def _join_payload(
+    packer: msgpack.Packer,
+    identity: str,
+    packed: Sequence[bytes],
+    reports: Sequence[bytes] = (),
+) -> bytes:
+    """One payload from its sender's store identity, messages packed one by one
+    (`_pack_message`) and lift reports (`_pack_report`; none: the payload has 2 parts)."""
+    head = bytes(packer.pack_array_header(3 if reports else 2)) + packer.pack(identity)
+    body = bytes(packer.pack_array_header(len(packed))) + b"".join(packed)
+    if reports:
+        body += bytes(packer.pack_array_header(len(reports))) + b"".join(reports)
+    return head + body
+
+
+def encode_messages(
+    messages: Sequence[tuple[str, Message]],
+    identity: str,
+    reports: Sequence[LiftReport] = (),
+) -> bytes:
+    """A payload of (group id, message) pairs from the store `identity`, with `reports`
+    (whose `src` must be the messages')."""
     packer = msgpack.Packer(use_bin_type=True)
-    return _join_payload(packer, identity, [_pack_message(packer, g, m) for g, m in messages])
+    return _join_payload(
+        packer,
+        identity,
+        [_pack_message(packer, g, m) for g, m in messages],
+        [_pack_report(packer, r) for r in reports],
+    )
 
 
 def _int(v: Any, what: str) -> int:
@@ -183,17 +214,28 @@ def _bool(v: Any, what: str) -> bool:
 
 
 def decode_messages(payload: bytes) -> tuple[str, list[tuple[str, Message]]]:
-    """The sender's store identity and the (group id, message) pairs of a payload;
-    `BadRaftPayload` unless the identity and every message are well formed (types, one
-    `src` for all, and an append's entries contiguous after its `index`, of terms between
-    its `log_term` and its `term`)."""
+    """The sender's store identity and the (group id, message) pairs of a payload
+    (`decode_payload` without the reports)."""
+    identity, msgs, _ = decode_payload(payload)
+    return identity, msgs
+
+
+def decode_payload(
+    payload: bytes,
+) -> tuple[str, list[tuple[str, Message]], list[LiftReport]]:
+    """The sender's store identity, the (group id, message) pairs and the lift reports
+    of a payload; `BadRaftPayload` unless the identity, every message and every report
+    are well formed (types, one `src` for all messages, and an append's entries
+    contiguous after its `index`, of terms between its `log_term` and its `term`;
+    reports only with a message, whose `src` sent them)."""
     try:
         top = msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
     except Exception as e:  # msgpack raises several types for bad input
         raise BadRaftPayload(f"raft payload: not msgpack: {type(e).__name__}") from None
-    if type(top) is not list or len(top) != 2:
-        raise BadRaftPayload("raft payload: expected [identity, messages]")
-    identity, items = top
+    if type(top) is not list or len(top) not in (2, 3):
+        raise BadRaftPayload("raft payload: expected [identity, messages(, reports)]")
+    identity, items = top[0], top[1]
+    raw_reports = top[2] if len(top) == 3 else []
     if type(identity) is not str or not _IDENTITY.fullmatch(identity):
         raise BadRaftPayload("raft payload: identity: expected 1 to 64 characters of [0-9A-Za-z_-]")
     if type(items) is not list:
@@ -249,7 +291,31 @@ def decode_messages(payload: bytes) -> tuple[str, list[tuple[str, Message]]]:
                 ),
             )
         )
-    return identity, out
+    if type(raw_reports) is not list:
+        raise BadRaftPayload("raft payload: reports: expected an array")
+    if raw_reports and not out:
+        raise BadRaftPayload("raft payload: reports without a message to name their sender")
+    reports: list[LiftReport] = []
+    for k, raw in enumerate(raw_reports):
+        where = f"reports[{k}]"
+        if type(raw) is not list or len(raw) != 5:
+            raise BadRaftPayload(
+                f"raft payload: {where}: expected [group, peer, identity, index, term]"
+            )
+        group, peer, peer_id, r_index, r_term = raw
+        if type(peer_id) is not str or not _IDENTITY.fullmatch(peer_id):
+            raise BadRaftPayload(f"raft payload: {where}.identity: not a store identity")
+        reports.append(
+            LiftReport(
+                out[0][1].src,
+                _str(group, f"{where}.group"),
+                _str(peer, f"{where}.peer"),
+                peer_id,
+                _int(r_index, f"{where}.index"),
+                _int(r_term, f"{where}.term"),
+            )
+        )
+    return identity, out, reports
 
 
 def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: float = 1.0) -> Send:
@@ -307,7 +373,9 @@ class RaftHost:
     the group id, if any); a leader checks every `transfer_check_ticks` whether to hand
     over to it. Bounds: `max_queued_messages` and `max_queued_bytes` per peer (beyond
     them a message is dropped), `max_payload_bytes` per payload (past the first
-    message), `max_inbox` received messages waiting for the pump.
+    message), `max_inbox` received messages waiting for the pump. A leader reports the
+    stores it cleared for `report_ticks` from the start of its term and from each lift
+    (zdmq/raft/identity.py).
     """
 
     def __init__(
@@ -329,6 +397,7 @@ class RaftHost:
         max_queued_bytes: int = 32 * 1024 * 1024,
         max_payload_bytes: int = 4 * 1024 * 1024,
         max_inbox: int = 100_000,
+        report_ticks: int = 3000,
     ) -> None:
         assert tick_s > 0 and transfer_check_ticks >= 1
         self.node_id = node_id
@@ -341,6 +410,7 @@ class RaftHost:
         self.max_queued_bytes = max_queued_bytes
         self.max_payload_bytes = max_payload_bytes
         self.max_inbox = max_inbox
+        self.report_ticks = report_ticks
         rng = rng if rng is not None else random.Random()
         applied = applied or {}
         self.members: dict[str, tuple[str, ...]] = {}
@@ -380,7 +450,10 @@ class RaftHost:
         }
         self._packer = msgpack.Packer(use_bin_type=True)
         # Inputs waiting for the pump (see the module docstring).
-        self._inbox: deque[tuple[str, Message, str]] = deque()  # (group, message, identity)
+        # (group, message or lift report, the sender's store identity)
+        self._inbox: deque[tuple[str, Message | LiftReport, str]] = deque()
+        # Group -> (the term this node leads it in, the tick its lift reports end at).
+        self._reporting: dict[str, tuple[int, int]] = {}
         self._proposals: deque[_Proposal] = deque()
         self._ticks = 0  # ticks not yet given to the cores
         self._ticked = 0  # ticks given, in all
@@ -414,6 +487,7 @@ class RaftHost:
                 "transfers",  # leadership handed to the preferred leader
                 "replaced_peers",  # a peer seen with a new store identity
                 "probations_lifted",
+                "probations_lifted_by_report",  # lifted on its leader's report
             ),
             0,
         )
@@ -500,10 +574,12 @@ class RaftHost:
         """Takes a payload from a peer: checked whole (`BadRaftPayload`: not well formed,
         a group this node is not in, a message not for this node, or not from another
         member of its group, or, when `sender` names the node the payload came from (the
-        node credential of the HTTP call), not from `sender`), then queued for the pump
-        with the sender's store identity. `RaftHostStopped` when stopped."""
+        node credential of the HTTP call), not from `sender`; a lift report on a group
+        this node or its sender is not in, or on a peer that is no other member of it),
+        then queued for the pump with the sender's store identity, reports after the
+        messages. `RaftHostStopped` when stopped."""
         self._check_running()
-        identity, msgs = decode_messages(payload)
+        identity, msgs, reports = decode_payload(payload)
         for gid, m in msgs:
             members = self.members.get(gid)
             if members is None:
@@ -520,12 +596,24 @@ class RaftHost:
                 raise BadRaftPayload(
                     f"raft payload: a message from {m.src!r} sent by {sender[:100]!r}"
                 )
+        for r in reports:
+            members = self.members.get(r.group)
+            if members is None or r.src not in members:
+                raise BadRaftPayload(
+                    f"raft payload: a report of {r.src[:100]!r} on group {r.group[:100]!r}"
+                )
+            if r.peer not in members or r.peer in (r.src, self.node_id):
+                raise BadRaftPayload(
+                    f"raft payload: a report on {r.peer[:100]!r} in group {r.group!r}"
+                )
         self.counters["messages_received"] += len(msgs)
+        items: list[tuple[str, Message | LiftReport, str]] = [(g, m, identity) for g, m in msgs]
+        items.extend((r.group, r, identity) for r in reports)  # after the messages
         room = self.max_inbox - len(self._inbox)
-        if len(msgs) > room:
-            self.counters["messages_dropped"] += len(msgs) - max(room, 0)
-            msgs = msgs[: max(room, 0)]
-        self._inbox.extend((g, m, identity) for g, m in msgs)
+        if len(items) > room:
+            self.counters["messages_dropped"] += len(items) - max(room, 0)
+            items = items[: max(room, 0)]
+        self._inbox.extend(items)
         self._wakeup()
 
     def _wakeup(self) -> None:
@@ -618,8 +706,8 @@ class RaftHost:
                 if self._self_states.get(g, (False, (0, 0))) != (c.proven, c.told)
             }
             if writes or selves or self.book.has_changes():
-                ids, prob = self.book.take_changes()
-                await asyncio.to_thread(self._persist, writes, ids, prob, selves)
+                ids, prob, clear = self.book.take_changes()
+                await asyncio.to_thread(self._persist, writes, ids, prob, clear, selves)
                 self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
@@ -639,6 +727,7 @@ class RaftHost:
         writes: list[tuple[GroupLog, Ready]],
         ids: dict[str, str],
         prob: dict[tuple[str, str], int | None],
+        clear: dict[tuple[str, str], str | None],
         selves: dict[str, tuple[bool, tuple[int, int]]],
     ) -> None:
         """(In a worker thread.) Every group's Ready, what changed in the peer book and
@@ -646,7 +735,7 @@ class RaftHost:
         with self.store.batch():
             for glog, rd in writes:
                 glog.persist(rd)
-            self.store.save_peer_book(ids, prob)
+            self.store.save_peer_book(ids, prob, clear)
             self.store.save_self_states(selves)
 
     def _feed(self) -> None:
@@ -656,6 +745,12 @@ class RaftHost:
         book = self.book
         while inbox:
             gid, m, identity = inbox.popleft()
+            if type(m) is LiftReport:
+                if book.identities.get(m.src) != identity:
+                    self._seen(m.src, identity)
+                self._take_report(cores[gid], m)
+                continue
+            assert type(m) is Message
             if book.identities.get(m.src) != identity:
                 self._seen(m.src, identity)
             core = cores[gid]
@@ -723,7 +818,55 @@ class RaftHost:
             self.book.lift(gid, m.src)
             core.probation = self.book.on_probation(gid, self.members[gid])
             self.counters["probations_lifted"] += 1
+            self._reporting[gid] = (core.term, self._ticked + self.report_ticks)
             log.info("%s: %s caught up in group %s", self.node_id, m.src, gid)
+
+    def _take_report(self, core: RaftCore, r: LiftReport) -> None:
+        """A leader's report that it lifted a probation (zdmq/raft/identity.py): taken
+        only from the leader this core follows in its current term; a report on a store
+        not recorded here yet records it first (as its payload would: probation in every
+        shared group), then lifts the probation in the report's group if it is due."""
+        if not report_current(r, term=core.term, leader=core.leader, probation=core.probation):
+            return
+        if self.book.identities.get(r.peer) != r.identity:
+            self._seen(r.peer, r.identity)
+        if self.book.lift_reported(r):
+            core.probation = self.book.on_probation(r.group, self.members[r.group])
+            self.counters["probations_lifted_by_report"] += 1
+            log.info(
+                "%s: %s caught up in group %s (reported by %s)",
+                self.node_id,
+                r.peer,
+                r.group,
+                r.src,
+            )
+
+    def _reports_for(self, pid: str) -> list[bytes]:
+        """The lift reports to send `pid` with a payload: in every group `pid` is in that
+        this node leads, for `report_ticks` from the start of its term or its latest lift
+        there, one per other member whose store this node cleared (`PeerBook.reportable`),
+        with that member's matched index in this term."""
+        out: list[bytes] = []
+        book = self.book
+        for gid in self._shared[pid]:
+            reporting = self._reporting.get(gid)
+            if reporting is None:
+                continue
+            core = self._cores[gid]
+            term, until = reporting
+            if core.role is not Role.LEADER or core.term != term or self._ticked > until:
+                del self._reporting[gid]
+                continue
+            for peer in self.members[gid]:
+                if peer in (pid, self.node_id):
+                    continue
+                ident = book.reportable(gid, peer)
+                if ident is None:
+                    continue
+                pr = core.progress.get(peer)
+                r = LiftReport(self.node_id, gid, peer, ident, pr.match if pr else 0, term)
+                out.append(_pack_report(self._packer, r))
+        return out
 
     def _hand_to_preferred(self) -> None:
         for gid, core in self._cores.items():
@@ -749,6 +892,7 @@ class RaftHost:
             self._lead_term[gid] = lead_term
             if lead_term is not None:
                 self.counters["elections_won"] += 1
+                self._reporting[gid] = (lead_term, self._ticked + self.report_ticks)
             pending = self._pending[gid]
             committed = core.log.committed
             for i in [i for i, (term, _) in pending.items() if i > committed and term != lead_term]:
@@ -808,7 +952,8 @@ class RaftHost:
                 batch = peer.queue[:n]
                 del peer.queue[:n]
                 peer.queued_bytes -= size
-                payload = _join_payload(self._packer, self.identity, batch)
+                reports = self._reports_for(pid) if self.book.cleared else []
+                payload = _join_payload(self._packer, self.identity, batch, reports)
                 try:
                     await self._send(pid, payload)
                 except asyncio.CancelledError:

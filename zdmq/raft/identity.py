@@ -48,11 +48,56 @@ majority that left it. When a quiet group has nothing to commit, the leader appe
 empty entry once the peer holds its whole log ("nudge"), so the lift does not wait for
 traffic. A lift lost in a crash only means probation again.
 
-Each node lifts only its own probation, as leader. A follower keeps its probation of
-a peer until it leads while that peer catches up, which costs only liveness: while it
-lasts, that follower cannot count the peer's grant, so a group that has lost a second
-member's disk before then may have to wait for the member holding the data to be
-elected by someone else, or stay without a leader.
+Lift reports (`LiftReport`, `report_current`, `PeerBook.lift_reported`). A node that
+lifts a probation, itself or on a report, records the peer's store as *cleared* in that
+group (`PeerBook.cleared`, durable). A leader of group g in term U reports to g's
+other members, with every payload it sends them (for a bounded time after its term
+starts or it lifts a probation there), each other member P whose store X it cleared
+in g and still records, not on probation again: (g, P, X, the index i that X has
+acknowledged in term U, U). A member F takes a report only from the leader it
+follows in its current term (report term = F's term, sender = F's leader) and does
+not hold on probation there (a sender's store F sees replaced vouches for nothing
+until it is lifted itself), then:
+  * if F records another identity for P than X (or none), it records X first,
+    exactly as if a payload of X had arrived: probation in every group F shares with
+    P, noting F's commit index (a first sighting: nothing);
+  * it lifts its probation of P in g if its recorded identity for P is X and
+    i >= F's `since` for P in g, and records X as cleared in g. Other groups'
+    probations stay.
+Why F may trust it. A lift establishes a fact about the store X, not about the node
+that lifted it: (1) and (2) above show that X holds, and acknowledged at term U0 (the
+lifting leader's term), every entry any earlier store of P helped commit (those
+stores' acknowledgements all precede X, which precedes the lifting leader seeing X,
+which precedes the quorum that committed c), and that X is at term >= U0. A store
+never loses a committed entry it holds nor goes back in term while it keeps its
+identity (a loss is a new identity), so the fact holds from then on, wherever and
+whenever it is read: a report delayed, duplicated or reordered says nothing false,
+and a node that took
+the fact on a report may pass it on (by induction, every report's term is >= U0: a
+node takes a report only at the report's term and leads later only in higher
+terms). i >= F's `since` adds F's own view: X holds every entry F knew committed
+when it put P on probation. What F must not do is count anything X said before it
+caught up: X's grants and acknowledgements of then are of terms <= U0 <= the
+report's term U, and F takes the report at term U, following a leader of U, so
+afterwards F is a candidate or a leader only in terms > U (terms only grow) and
+never counts them. This is why a report is only taken from F's current leader at
+F's current term: a report of U read by F at a later term would be just as true,
+but F may have been a candidate between, and the argument no longer covers it. A
+deposed leader cannot lift (it commits nothing in its term), and its reports are of
+a term F has left. A report on an older identity X of P, read after F recorded a
+newer one Y, makes F record X (probation in every shared group, as a replacement)
+and lift it in g, as the fact about X allows; Y's next payload is a replacement
+again, checked before anything of it counts: it only delays, as a late message of an
+old store does. A report never lifts a probation in another group or of another peer.
+
+What reports do not cover (liveness only). A leader reports only stores it cleared:
+one it saw first, having never recorded that peer's old store, it never had on
+probation (see Known limits) and cannot vouch for, so a member that holds that peer
+on probation keeps it until it leads while the peer catches up, or another leader
+that cleared it reports it. The same for a member that missed every report (down
+for their whole time): it waits for the next leader's term. While it lasts, that
+member cannot count the peer's grant, so a group that has then lost another member
+may have to wait for it.
 
 The replaced node itself, which has no record of what it lost, guards its own vote
 with `RaftCore.store_guard` (this covers the candidates that never heard from the old
@@ -96,7 +141,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PeerBook", "caught_up", "judge_ack"]
+__all__ = ["LiftReport", "PeerBook", "caught_up", "judge_ack", "report_current"]
 
 
 def caught_up(
@@ -147,6 +192,29 @@ def judge_ack(
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class LiftReport:
+    """A leader's word that it lifted the probation of `peer` in `group`: the peer's
+    store `identity` accepted appends of the leader's term `term` up to `index` (the
+    leader's matched index for it when the report was sent). `src` is the leader."""
+
+    src: str
+    group: str
+    peer: str
+    identity: str
+    index: int
+    term: int
+
+
+def report_current(
+    report: LiftReport, *, term: int, leader: str | None, probation: Iterable[str] = ()
+) -> bool:
+    """Whether a node at `term`, following `leader` (None: it knows none), holding the
+    peers `probation` on probation in the report's group, takes `report` at all: it
+    comes from the leader this node follows in its current term, not on probation."""
+    return report.term == term and leader == report.src and report.src not in probation
+
+
 @dataclass(slots=True)
 class PeerBook:
     """What a node knows of its peers' stores: identities and probations (module doc).
@@ -158,8 +226,12 @@ class PeerBook:
     identities: dict[str, str] = field(default_factory=dict)
     #: (group, peer) -> this node's commit index in that group when the peer was replaced.
     probation: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: (group, peer) -> the peer's store identity whose probation this node lifted there
+    #: (itself, or on a report): what it reports as that group's leader.
+    cleared: dict[tuple[str, str], str] = field(default_factory=dict)
     _dirty_ids: set[str] = field(default_factory=set)
     _dirty_prob: set[tuple[str, str]] = field(default_factory=set)
+    _dirty_clear: set[tuple[str, str]] = field(default_factory=set)
 
     def see(self, peer: str, identity: str, commits: Mapping[str, int]) -> list[str]:
         """A payload from `peer` carrying `identity`; `commits` maps each group this node
@@ -175,6 +247,8 @@ class PeerBook:
         for gid, commit in commits.items():
             self.probation[(gid, peer)] = commit
             self._dirty_prob.add((gid, peer))
+            if self.cleared.pop((gid, peer), None) is not None:
+                self._dirty_clear.add((gid, peer))
         return list(commits)
 
     def on_probation(self, group: str, peers: Iterable[str]) -> frozenset[str]:
@@ -186,17 +260,48 @@ class PeerBook:
         return self.probation.get((group, peer))
 
     def lift(self, group: str, peer: str) -> None:
+        """Ends the probation of `peer` in `group`, and records its store as cleared there."""
         if self.probation.pop((group, peer), None) is not None:
             self._dirty_prob.add((group, peer))
+            self.cleared[(group, peer)] = self.identities[peer]
+            self._dirty_clear.add((group, peer))
 
-    def take_changes(self) -> tuple[dict[str, str], dict[tuple[str, str], int | None]]:
-        """(identities to write, probations to write or, where None, to delete) since
-        the last call."""
+    def reportable(self, group: str, peer: str) -> str | None:
+        """The identity of `peer`'s store if this node cleared it in `group` (lifted its
+        probation there, itself or on a report) and it is still the one recorded and not
+        on probation: what a leader of `group` reports (module doc), else None."""
+        ident = self.cleared.get((group, peer))
+        if ident is None or ident != self.identities.get(peer) or (group, peer) in self.probation:
+            return None
+        return ident
+
+    def lift_reported(self, report: LiftReport) -> bool:
+        """Lifts the probation `report` (already found current, `report_current`) is
+        about, if the peer's recorded identity is the report's and the peer acknowledged
+        at least up to the commit index this node noted when it put it on probation;
+        returns whether it did."""
+        since = self.since(report.group, report.peer)
+        if since is None or self.identities.get(report.peer) != report.identity:
+            return False
+        if report.index < since:
+            return False
+        self.lift(report.group, report.peer)
+        return True
+
+    def take_changes(
+        self,
+    ) -> tuple[
+        dict[str, str], dict[tuple[str, str], int | None], dict[tuple[str, str], str | None]
+    ]:
+        """(identities to write, probations to write or, where None, to delete, cleared
+        stores to write or, where None, to delete) since the last call."""
         ids = {p: self.identities[p] for p in self._dirty_ids}
         prob = {k: self.probation.get(k) for k in self._dirty_prob}
+        clear = {k: self.cleared.get(k) for k in self._dirty_clear}
         self._dirty_ids.clear()
         self._dirty_prob.clear()
-        return ids, prob
+        self._dirty_clear.clear()
+        return ids, prob, clear
 
     def has_changes(self) -> bool:
-        return bool(self._dirty_ids or self._dirty_prob)
+        return bool(self._dirty_ids or self._dirty_prob or self._dirty_clear)

@@ -28,6 +28,7 @@ Tables (named raft_* so they can share a file with the node's other tables):
     raft_log         (group, index) -> term, data
     raft_peers       peer -> identity: the store identity last seen from each peer
     raft_probation   (group, peer) -> since: peers on probation here (zdmq/raft/identity.py)
+    raft_cleared     (group, peer) -> identity: peer stores whose probation was lifted here
     raft_self        group -> proven, told index, told term (`RaftCore.proven`, `told`)
 
 Reads are served from memory where cheap, so the core's hot reads never reach SQLite:
@@ -99,6 +100,12 @@ CREATE TABLE IF NOT EXISTS raft_probation (
     grp TEXT NOT NULL,
     peer TEXT NOT NULL,
     since INTEGER NOT NULL,
+    PRIMARY KEY (grp, peer)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_cleared (
+    grp TEXT NOT NULL,
+    peer TEXT NOT NULL,
+    identity TEXT NOT NULL,
     PRIMARY KEY (grp, peer)
 ) WITHOUT ROWID;
 """
@@ -188,20 +195,25 @@ class RaftLogStore:
     # -- what this node knows of its peers (zdmq/raft/identity.py) --------------------------
 
     def peer_book(self) -> PeerBook:
-        """The identities and probations recorded here."""
+        """The identities, probations and cleared stores recorded here."""
         self._check()
         book = PeerBook()
         for peer, ident in self._conn.execute("SELECT peer, identity FROM raft_peers"):
             book.identities[peer] = ident
         for grp, peer, since in self._conn.execute("SELECT grp, peer, since FROM raft_probation"):
             book.probation[(grp, peer)] = since
+        for grp, peer, ident in self._conn.execute("SELECT grp, peer, identity FROM raft_cleared"):
+            book.cleared[(grp, peer)] = ident
         return book
 
     def save_peer_book(
-        self, identities: dict[str, str], probation: dict[tuple[str, str], int | None]
+        self,
+        identities: dict[str, str],
+        probation: dict[tuple[str, str], int | None],
+        cleared: dict[tuple[str, str], str | None] | None = None,
     ) -> None:
         """Writes `PeerBook.take_changes()` (one transaction, or the open batch)."""
-        if not identities and not probation:
+        if not identities and not probation and not cleared:
             return
         with self._transaction():
             conn = self._conn
@@ -218,6 +230,15 @@ class RaftLogStore:
                     conn.execute(
                         "INSERT OR REPLACE INTO raft_probation (grp, peer, since) VALUES (?, ?, ?)",
                         (grp, peer, since),
+                    )
+            for (grp, peer), ident in (cleared or {}).items():
+                if ident is None:
+                    conn.execute("DELETE FROM raft_cleared WHERE grp = ? AND peer = ?", (grp, peer))
+                else:
+                    conn.execute(
+                        "INSERT OR REPLACE INTO raft_cleared (grp, peer, identity)"
+                        " VALUES (?, ?, ?)",
+                        (grp, peer, ident),
                     )
 
     def self_states(self) -> dict[str, tuple[bool, tuple[int, int]]]:
