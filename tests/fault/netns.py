@@ -78,7 +78,7 @@ class NetnsCluster:
         directory: str | Path,
         *,
         nodes: int = 4,
-        replication: int = 2,
+        replication: int = 1,
         partitions: int = 256,
         durability: str = "fsync",
         **extra: Any,

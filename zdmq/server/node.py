@@ -968,6 +968,10 @@ class Node:
                         once=not receive,
                     )
                 except NodeUnavailable as e:
+                    if not receive and not e.unsent:
+                        # The pop may have taken messages before the call failed: say so
+                        # rather than go on to another node (they would be lost unseen).
+                        raise
                     log.warning("%s at %s failed: %s", kind, node_id, e)
                     down.append(node_id)
                     continue
