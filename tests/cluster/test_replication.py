@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,19 @@ from zdmq import Client, NotLeader, ZdmqError
 from zdmq.local import LocalCluster
 from zdmq.models import dedup_message_id
 
+_SSL: ssl.SSLContext | None = None
+
+
+@pytest.fixture(autouse=True)
+def _trust_the_session_ca(client_ssl: ssl.SSLContext | None) -> None:
+    """Raw HTTP calls below trust the session's CA when the suite runs over TLS."""
+    global _SSL
+    _SSL = client_ssl
+
+
+def session() -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_SSL or True))
+
 
 def replicated(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
     return make_cluster(nodes=4, replication=3)
@@ -30,7 +44,7 @@ def replicated(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
 
 async def health(cluster: LocalCluster, node: str) -> dict[str, Any]:
     url = cluster.config.node(node).url + "/v1/health"
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
+    async with session() as s, s.get(url) as r:
         return dict(await r.json())
 
 
@@ -225,7 +239,7 @@ async def test_a_member_that_does_not_lead_a_group_answers_421_naming_its_leader
     target = "/v1/internal/owned-queues"
     headers = {**node_signed(cluster.config, "n1", "GET", target), "zdmq-group": "n1"}
     url = cluster.config.node("n2").url + target
-    async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
+    async with session() as s, s.get(url, headers=headers) as r:
         assert r.status == 421
         error = (await r.json())["error"]
     assert (error["code"], error["group"], error["leader"]) == ("not_leader", "n1", "n1")
@@ -239,7 +253,7 @@ async def test_a_call_for_a_group_that_does_not_exist_is_refused(
     make_cluster: Callable[..., LocalCluster], group: str
 ) -> None:
     cluster = replicated(make_cluster)
-    async with aiohttp.ClientSession() as s:
+    async with session() as s:
         url = cluster.config.node("n1").url + "/v1/queues"
         async with s.get(url, headers={"zdmq-group": group}) as r:
             assert r.status == 400
