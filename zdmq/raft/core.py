@@ -69,6 +69,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from zdmq.raft.identity import judge_ack
 from zdmq.raft.storage import Entry, HardState, Storage
 
 __all__ = [
@@ -385,6 +386,25 @@ class RaftCore:
         self._maybe_commit()
         self._broadcast_append()
         return index
+
+    def judge_probation_ack(self, since: int, m: Message) -> str | None:
+        """The identity rule's verdict (`identity.judge_ack`) on `m`, an accepted append
+        acknowledgement from a peer on probation since `since`, as this core stands:
+        "lift", "nudge" (the empty entry is appended here) or None."""
+        commit = self.log.committed
+        verdict = judge_ack(
+            since,
+            leading=self.role is Role.LEADER,
+            term=self.term,
+            commit=commit,
+            commit_term=self.log.term_at(commit),
+            last_index=self.log.last_index(),
+            ack_term=m.term,
+            acked=m.index,
+        )
+        if verdict == "nudge":
+            self.append_empty()
+        return verdict
 
     def campaign(self) -> None:
         """Start an election now (after a PreVote round if PreVote is on)."""

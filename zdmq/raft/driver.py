@@ -82,7 +82,7 @@ import msgpack
 from zdmq import _http
 from zdmq.errors import BadRequest, NodeUnavailable
 from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
-from zdmq.raft.identity import LiftReport, judge_ack, report_current
+from zdmq.raft.identity import LiftReport, report_current
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
 from zdmq.raft.storage import Entry
 
@@ -801,20 +801,7 @@ class RaftHost:
     def _maybe_lift(self, gid: str, core: RaftCore, m: Message) -> None:
         since = self.book.since(gid, m.src)
         assert since is not None
-        commit = core.log.committed
-        verdict = judge_ack(
-            since,
-            leading=core.role is Role.LEADER,
-            term=core.term,
-            commit=commit,
-            commit_term=core.log.term_at(commit),
-            last_index=core.log.last_index(),
-            ack_term=m.term,
-            acked=m.index,
-        )
-        if verdict == "nudge":
-            core.append_empty()
-        elif verdict == "lift":
+        if core.judge_probation_ack(since, m) == "lift":
             self.book.lift(gid, m.src)
             core.probation = self.book.on_probation(gid, self.members[gid])
             self.counters["probations_lifted"] += 1

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
-from zdmq.raft.identity import LiftReport, PeerBook, judge_ack, report_current
+from zdmq.raft.identity import LiftReport, PeerBook, report_current
 from zdmq.raft.storage import Entry, MemoryStorage, WritableStorage
 
 __all__ = ["DiskOpener", "SimConfig", "SimFailure", "SimResult", "main", "run"]
@@ -489,23 +489,10 @@ class _Sim:
             return
         since = n.book.since(GROUP, m.src)
         assert since is not None
-        commit = core.log.committed
-        verdict = judge_ack(
-            since,
-            leading=core.role is Role.LEADER,
-            term=core.term,
-            commit=commit,
-            commit_term=core.log.term_at(commit),
-            last_index=core.log.last_index(),
-            ack_term=m.term,
-            acked=m.index,
-        )
-        if verdict == "nudge":
-            core.append_empty()
-        elif verdict == "lift":
+        if core.judge_probation_ack(since, m) == "lift":
             n.book.lift(GROUP, m.src)
             core.probation = n.book.on_probation(GROUP, self.ids)
-            self._log(f"{n.id} lifts the probation of {m.src} at commit {commit}")
+            self._log(f"{n.id} lifts the probation of {m.src} at commit {core.log.committed}")
 
     # -- clients ----------------------------------------------------------------------
 
