@@ -290,13 +290,7 @@ class Node:
             self._session = self.member.pool
             return
         # Idle connections are dropped well before the other nodes close them.
-        self._session = _http.HttpPool(
-            timeout_s=self.config.request_timeout_s,
-            limit_per_host=64,
-            idle_s=min(30.0, self.config.limits.idle_timeout_s / 2),
-            sign=NodeSigner(self.secret, self.id),
-            ssl_context=self.config.client_ssl(),
-        )
+        self._session = node_pool(self.config, self.secret, self.id)
 
     async def stop(self) -> None:
         for timer in self._drop_timers.values():
@@ -1143,6 +1137,26 @@ class Node:
             except Exception:  # keep sweeping whatever one round hit
                 log.exception("repair sweep failed")
             await asyncio.sleep(self.config.repair_interval_s)
+
+
+def node_pool(
+    config: ClusterConfig,
+    secret: bytes,
+    node_id: str,
+    *,
+    timeout_s: float | None = None,
+    limit_per_host: int = 64,
+) -> _http.HttpPool:
+    """The pool a node calls other nodes with: signed as `node_id`, over the cluster's
+    TLS if it has one, its idle connections dropped well before the other nodes close
+    them; `timeout_s` defaults to the cluster's `request_timeout_s`."""
+    return _http.HttpPool(
+        timeout_s=config.request_timeout_s if timeout_s is None else timeout_s,
+        limit_per_host=limit_per_host,
+        idle_s=min(30.0, config.limits.idle_timeout_s / 2),
+        sign=NodeSigner(secret, node_id),
+        ssl_context=config.client_ssl(),
+    )
 
 
 @contextlib.contextmanager

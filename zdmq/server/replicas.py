@@ -33,7 +33,6 @@ from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
-from zdmq.auth import NodeSigner
 from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader
 from zdmq.raft.core import NotLeader as RaftNotLeader
@@ -63,7 +62,7 @@ class Member:
     """The replica groups one node process takes part in."""
 
     def __init__(self, config: ClusterConfig, node_id: str, secret: bytes) -> None:
-        from zdmq.server.node import Node  # node.py imports this module
+        from zdmq.server.node import Node, node_pool  # node.py imports this module
 
         self.config = config
         self.id = node_id
@@ -82,20 +81,8 @@ class Member:
             )
             for g in self.groups
         }
-        self.pool = _http.HttpPool(
-            timeout_s=config.request_timeout_s,
-            limit_per_host=64,
-            idle_s=min(30.0, config.limits.idle_timeout_s / 2),
-            sign=NodeSigner(secret, node_id),
-            ssl_context=config.client_ssl(),
-        )
-        self._raft_pool = _http.HttpPool(
-            timeout_s=1.0,
-            limit_per_host=4,
-            idle_s=min(30.0, config.limits.idle_timeout_s / 2),
-            sign=NodeSigner(secret, node_id),
-            ssl_context=config.client_ssl(),
-        )
+        self.pool = node_pool(config, secret, node_id)
+        self._raft_pool = node_pool(config, secret, node_id, timeout_s=1.0, limit_per_host=4)
         # Calls to other groups find their leaders: this member's own knowledge of the
         # groups it is in, 421 hints for the others.
         self.router = GroupRouter(self.members, self._leader_of)
