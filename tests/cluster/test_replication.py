@@ -38,8 +38,12 @@ def session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_SSL or True))
 
 
-def replicated(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
-    return make_cluster(nodes=4, replication=3)
+async def replicated(make_cluster: Callable[..., LocalCluster], seen_by: str) -> LocalCluster:
+    """A 4-node cluster with replication 3, once `seen_by` sees every group led by its own
+    node."""
+    cluster = make_cluster(nodes=4, replication=3)
+    await wait_until(lambda: leaders_settled(cluster, [seen_by]), timeout_s=15, what="leaders")
+    return cluster
 
 
 async def health(cluster: LocalCluster, node: str) -> dict[str, Any]:
@@ -118,8 +122,7 @@ class Producers:
 async def test_pushes_keep_being_acknowledged_while_a_node_is_killed_and_none_is_lost(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    cluster = replicated(make_cluster)
-    await wait_until(lambda: leaders_settled(cluster, ["n1"]), timeout_s=15, what="leaders")
+    cluster = await replicated(make_cluster, "n1")
     q = unique("kill")
     async with Client.from_config(cluster.config_path, timeout_s=3) as c:
         await c.create_queue(q)
@@ -144,8 +147,7 @@ async def test_pushes_keep_being_acknowledged_while_a_node_is_killed_and_none_is
 async def test_a_paused_leader_is_replaced_and_its_group_takes_writes_within_seconds(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    cluster = replicated(make_cluster)
-    await wait_until(lambda: leaders_settled(cluster, ["n2"]), timeout_s=15, what="leaders")
+    cluster = await replicated(make_cluster, "n2")
     q = unique("pause")
     placement = placement_of(cluster)
     dedup = next(
@@ -170,8 +172,7 @@ async def test_a_paused_leader_is_replaced_and_its_group_takes_writes_within_sec
 async def test_a_node_that_lost_its_disk_rejoins_with_every_message_it_should_hold(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    cluster = replicated(make_cluster)
-    await wait_until(lambda: leaders_settled(cluster, ["n1"]), timeout_s=15, what="leaders")
+    cluster = await replicated(make_cluster, "n1")
     q = unique("disk")
     async with Client.from_config(cluster.config_path, timeout_s=3) as c:
         await c.create_queue(q)
@@ -194,8 +195,7 @@ async def test_a_node_that_lost_its_disk_rejoins_with_every_message_it_should_ho
 async def test_pop_hands_no_message_out_twice_across_a_leader_kill(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    cluster = replicated(make_cluster)
-    await wait_until(lambda: leaders_settled(cluster, ["n1"]), timeout_s=15, what="leaders")
+    cluster = await replicated(make_cluster, "n1")
     q = unique("popkill")
     async with Client.from_config(cluster.config_path, timeout_s=3) as c:
         await c.create_queue(q)
@@ -234,8 +234,7 @@ async def test_pop_hands_no_message_out_twice_across_a_leader_kill(
 async def test_a_member_that_does_not_lead_a_group_answers_421_naming_its_leader(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
-    cluster = replicated(make_cluster)
-    await wait_until(lambda: leaders_settled(cluster, ["n2"]), timeout_s=15, what="leaders")
+    cluster = await replicated(make_cluster, "n2")
     target = "/v1/internal/owned-queues"
     headers = {**node_signed(cluster.config, "n1", "GET", target), "zdmq-group": "n1"}
     url = cluster.config.node("n2").url + target
@@ -252,7 +251,7 @@ async def test_a_member_that_does_not_lead_a_group_answers_421_naming_its_leader
 async def test_a_call_for_a_group_that_does_not_exist_is_refused(
     make_cluster: Callable[..., LocalCluster], group: str
 ) -> None:
-    cluster = replicated(make_cluster)
+    cluster = await replicated(make_cluster, "n1")
     async with session() as s:
         url = cluster.config.node("n1").url + "/v1/queues"
         async with s.get(url, headers={"zdmq-group": group}) as r:
