@@ -95,7 +95,7 @@ def _json(payload: Any, status: int = 200) -> Response:
     return json_response(payload, status)
 
 
-def _node(request: Request) -> Node:
+async def _node(request: Request) -> Node:
     """The node that serves this call: the process's own, or with replication the replica
     group the call names (`zdmq-group`; else one this process leads). NotLeader (421)
     when this process does not lead that group now."""
@@ -103,7 +103,7 @@ def _node(request: Request) -> Node:
     if member is None:
         node: Node = request.app[NODE]
         return node
-    return member.serving(request.headers.get(GROUP_HEADER))
+    return await member.serving(request.headers.get(GROUP_HEADER))
 
 
 def _queue(request: Request) -> str:
@@ -286,7 +286,7 @@ async def openapi(request: Request) -> Response:
 
 
 async def list_queues(request: Request) -> Response:
-    queues = await _node(request).list_queues()
+    queues = await (await _node(request)).list_queues()
     clients: ClientGuard | None = request.app[CLIENTS]
     if clients is not None and NODE_AUTH_HEADER not in request.headers:
         # A client sees the queues its token has some right on.
@@ -296,7 +296,7 @@ async def list_queues(request: Request) -> Response:
 
 
 async def create_queue(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, await request.read())
@@ -312,12 +312,12 @@ async def create_queue(request: Request) -> Response:
 
 
 async def get_queue(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     return _json(await node.stats(queue))
 
 
 async def delete_queue(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, None)
@@ -326,7 +326,7 @@ async def delete_queue(request: Request) -> Response:
 
 
 async def queue_metadata(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     owner = node.meta_owner(queue)
     if owner != node.id:
         return await _forward(node, owner, request, None)
@@ -334,7 +334,7 @@ async def queue_metadata(request: Request) -> Response:
 
 
 async def push(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     limit = node.config.limits.max_message_bytes
     if request.content_length is not None and request.content_length > limit:
         raise MessageTooLarge(
@@ -481,7 +481,7 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
 
 
 async def push_batch(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     limits = node.config.limits
     if _is_frame(request):
         items = _frame_items(
@@ -551,7 +551,7 @@ _ROUTES = frozenset({None, "local", "owner"})
 
 
 async def _take(request: Request, *, receive: bool) -> list[Delivery]:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     hi = MAX_RECEIVE if receive else node.config.limits.max_batch_messages
     limit = _int_param(request, "max", 1, 1, hi)
     lease_s = _float_param(request, "visibility_s", 0.0, MAX_VISIBILITY_S) if receive else None
@@ -601,7 +601,7 @@ async def receive(request: Request) -> Response:
 
 
 async def _settle(request: Request, action: str) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     limit = node.config.limits.max_batch_messages
     given: Callable[[str], float | None]  # a number the caller gave, None if not given
     if _is_frame(request):
@@ -760,7 +760,7 @@ def _calling_node(request: Request, payload: Any) -> str:
 async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
     """(node, queues) of a batch of unregistrations or ready notices: queues this node
     is the metadata owner of, or the whole batch is refused."""
-    node = _node(request)
+    node = await _node(request)
     payload = await _json_body(request)
     queues = payload.get("queues") if isinstance(payload, dict) else None
     if not isinstance(queues, list) or not all(isinstance(q, str) for q in queues):
@@ -772,34 +772,34 @@ async def _node_and_queues(request: Request) -> tuple[str, list[str]]:
 async def internal_unregister(request: Request) -> Response:
     """Takes a node off the metadata lists of one queue or several."""
     node_id, queues = await _node_and_queues(request)
-    await _node(request).unregister_many(queues, node_id)
+    await (await _node(request)).unregister_many(queues, node_id)
     return _json({"ok": True})
 
 
 async def internal_ready(request: Request) -> Response:
     """A node has visible messages of these queues: their long polls wake."""
     node_id, queues = await _node_and_queues(request)
-    _node(request).nodes_ready(queues, node_id)
+    (await _node(request)).nodes_ready(queues, node_id)
     return _json({"ok": True})
 
 
 async def internal_purge(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     return _json({"purged": await node.purge_local(queue)})
 
 
 async def internal_depth(request: Request) -> Response:
-    node, queue = _node(request), _queue(request)
+    node, queue = await _node(request), _queue(request)
     return _json(node.depth(queue))
 
 
 async def internal_owned(request: Request) -> Response:
-    return _json({"queues": _node(request).owned_queues()})
+    return _json({"queues": (await _node(request)).owned_queues()})
 
 
 async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[str, str]]:
     """(node, queue -> first_uuid, queue -> incarnation) of a sweep or a batch register."""
-    node = _node(request)
+    node = await _node(request)
     payload = await _json_body(request)
     queues = payload.get("queues") if isinstance(payload, dict) else None
     if not isinstance(queues, dict) or not all(isinstance(u, str) for u in queues.values()):
@@ -820,14 +820,14 @@ async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[st
 
 async def internal_sweep(request: Request) -> Response:
     node_id, queues, known = await _registrations(request)
-    return _json(await _node(request).sweep(node_id, queues, known))
+    return _json(await (await _node(request)).sweep(node_id, queues, known))
 
 
 async def internal_register(request: Request) -> Response:
     """Registers a node for one queue, or for several: the registrations it made while
     its previous call to this owner was in flight."""
     node_id, queues, known = await _registrations(request)
-    return _json(await _node(request).sweep(node_id, queues, known, repair=False))
+    return _json(await (await _node(request)).sweep(node_id, queues, known, repair=False))
 
 
 async def internal_raft(request: Request) -> Response:

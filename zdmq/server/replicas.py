@@ -54,6 +54,8 @@ log = logging.getLogger("zdmq.replicas")
 # (ELECTION_TICKS ticks) without hearing from a leader.
 TICK_S = 0.1
 ELECTION_TICKS = 10
+# How long a call waits for its group to elect a leader before it is answered 421.
+LEADER_WAIT_S = 3.0
 # Raft messages to one peer travel in payloads of up to this many bytes (past the first).
 PAYLOAD_BYTES = 4 << 20
 
@@ -178,9 +180,25 @@ class Member:
     def term(self, group: str) -> int:
         return self.raft.leader(group)[1] if self.raft is not None else 0
 
-    def serving(self, group: str | None) -> Node:
+    async def serving(self, group: str | None) -> Node:
         """The node that serves a call for `group` here (None: the call named no group,
-        so any group this member leads, its own first); NotLeader if there is none."""
+        so any group this member leads, its own first); NotLeader if there is none.
+
+        While the group has no leader (an election runs: at start, or after its leader
+        failed), the call waits for one, up to LEADER_WAIT_S, rather than send its caller
+        away with nobody to go to."""
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while True:
+            try:
+                return self._serving(group)
+            except NotLeader as e:
+                # An election this member takes part in, with no leader known yet.
+                electing = e.leader is None and (group is None or group in self.nodes)
+                if not electing or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.05)
+
+    def _serving(self, group: str | None) -> Node:
         if group is None:
             own = self.nodes.get(self.id)
             if own is not None and own.leading:
