@@ -95,7 +95,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    cluster = LocalCluster.ephemeral(args.dir, nodes=args.nodes, durability=args.durability)
+    cluster = LocalCluster.ephemeral(
+        args.dir, nodes=args.nodes, replication=args.replication, durability=args.durability
+    )
     status = 0
     try:
         cluster.start(timeout_s=60)
@@ -399,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("cluster", help="run a local cluster until SIGTERM")
     p.add_argument("--dir", required=True)
     p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--replication", type=int, default=1)
     p.add_argument("--durability", choices=("fsync", "os", "memory"), default="fsync")
     p.add_argument("--state", required=True, help="where to write the config path and pids")
     p = sub.add_parser("run", help="run locust, account the CPU of it and of the nodes")

@@ -26,6 +26,11 @@ list (cached per user for 2 s, pruned when a node turns out empty, fetched again
 the metadata owner when it is empty or stale); an ack goes to the node its message id
 hashes to; a batch push draws fresh ids that share one node (as the client does) and
 goes there in one call. Under `any` routing a node does all of that on the caller's behalf.
+With `replication` above 1, zero-hop calls name their replica group (`zdmq-group`, the node
+the id hashes to) and go to the leader the user last found for it: a 421 `not_leader` sends
+the call on to the leader it names, a refused connection to the group's next member (both
+reported as `<operation> (moved)`, not as failures); a timeout is a failure, and the next
+call for that group tries the next member.
 
 The statistics have one row per operation, not per URL: push, push_batch, pop,
 pop_batch, receive, ack, metadata. A pop or receive that got nothing is a success
@@ -57,6 +62,7 @@ from zdmq.auth import bearer_headers
 from zdmq.config import ClusterConfig
 from zdmq.hashing import Placement
 from zdmq.models import new_message_ids
+from zdmq.routing import GROUP_HEADER, group_members
 
 log = logging.getLogger("zdmq.locust")
 
@@ -122,6 +128,12 @@ class Settings:
         self.urls = {n.id: n.url for n in self.config.nodes}
         self.node_ids = list(self.urls)
         self.placement = Placement(self.node_ids, self.config.partitions, self.config.replication)
+        # Replica groups (zdmq/routing.py) and their members, with replication above 1.
+        self.groups = (
+            group_members(self.node_ids, self.config.replication)
+            if self.config.replication > 1
+            else None
+        )
         self.mix = parse_mix(options.mix)
         if not 0 <= options.message_size <= self.config.limits.max_message_bytes:
             raise ValueError(f"--message-size {options.message_size}: out of range")
@@ -195,6 +207,8 @@ class ZdmqUser(FastHttpUser):
         self.next_queue = random.randrange(len(self.s.queues))
         # queue -> (fetched at, nodes the metadata list names, pruned as they turn out empty)
         self.meta: dict[str, tuple[float, list[str]]] = {}
+        # Replica group -> the member this user last found leading it.
+        self.leaders: dict[str, str] = {}
 
     @task
     def step(self) -> None:
@@ -225,11 +239,84 @@ class ZdmqUser(FastHttpUser):
 
         With `empty_name`, a reply with no messages is reported under that name; `check`
         returns why a reply with the right status is still wrong, or None."""
-        url = self.s.urls[node] + path
         if self.s.auth:
             kw["headers"] = {**kw.get("headers", {}), **self.s.auth}
+        if self.s.groups is None:
+            return self.send(name, node, method, path, expect, empty_name, check, kw)
+        # Replica groups: `node` names a group; the call goes to the leader this user last
+        # heard of, follows a 421's hint, and moves on to the next member when one refuses
+        # the connection (the call surely did not run there).
+        kw["headers"] = {**kw.get("headers", {}), GROUP_HEADER: node}
+        members = self.s.groups[node]
+        for _ in range(2 * len(members)):
+            target = self.leaders.get(node, node)
+            moved, result = self.send_to_member(
+                name, target, method, path, expect, empty_name, check, kw
+            )
+            if moved is None:
+                return result
+            self.leaders[node] = moved if moved in members else _next(members, target)
+        self.environment.events.request.fire(
+            request_type=method,
+            name=name,
+            response_time=0,
+            response_length=0,
+            exception=RuntimeError(f"{name}: no member of group {node} leads it"),
+            context={},
+        )
+        return None
+
+    def send_to_member(
+        self,
+        name: str,
+        target: str,
+        method: str,
+        path: str,
+        expect: int,
+        empty_name: str | None,
+        check: Callable[[Any], str | None] | None,
+        kw: dict[str, Any],
+    ) -> tuple[str | None, Any | None]:
+        """One call to a member of a replica group: (None, reply) when it was answered,
+        or (where to go next, None) on a 421 or a refused connection, reported under
+        `<name> (moved)` as the routing they are, not as failures."""
+        moved: list[str] = []
+
+        def redirect(r: Any) -> bool:
+            if r.status_code == 421:
+                leader = _leader_hint(r.content)
+                moved.append(leader or "")
+            elif r.status_code == 0 and isinstance(r.error, ConnectionRefusedError):
+                moved.append("")
+            else:
+                return False
+            r.request_meta["name"] = f"{name} (moved)"
+            r.success()
+            return True
+
+        result = self.send(name, target, method, path, expect, empty_name, check, kw, redirect)
+        return (moved[0], None) if moved else (None, result)
+
+    def send(
+        self,
+        name: str,
+        node: str,
+        method: str,
+        path: str,
+        expect: int,
+        empty_name: str | None,
+        check: Callable[[Any], str | None] | None,
+        kw: dict[str, Any],
+        redirect: Callable[[Any], bool] | None = None,
+    ) -> Any | None:
+        url = self.s.urls[node] + path
         with self.client.request(method, url, name=name, catch_response=True, **kw) as r:
+            if redirect is not None and redirect(r):
+                return None
             if r.status_code == 0:  # connection error: already recorded as the failure
+                if self.s.groups is not None:  # try the group's next member next time
+                    group = kw["headers"][GROUP_HEADER]
+                    self.leaders[group] = _next(self.s.groups[group], node)
                 return None
             if r.status_code != expect:
                 text = (r.text or "")[:300]
@@ -347,6 +434,21 @@ class ZdmqUser(FastHttpUser):
         payload = orjson.dumps({"receipts": [m["receipt"]]})
         path = f"/v1/queues/{queue}/ack"
         self.call("ack", node, "POST", path, 200, check=_acked_one, data=payload, headers=JSON)
+
+
+def _leader_hint(content: bytes | None) -> str | None:
+    """The leader a 421 `not_leader` reply names, if any."""
+    try:
+        err = orjson.loads(content or b"{}").get("error", {})
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    leader = err.get("leader") if isinstance(err, dict) else None
+    return leader if isinstance(leader, str) else None
+
+
+def _next(members: tuple[str, ...], node: str) -> str:
+    """The member after `node` in its group's ring order."""
+    return members[(members.index(node) + 1) % len(members)] if node in members else members[0]
 
 
 def _acked_one(reply: Any) -> str | None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Locust against a local zdmq cluster, with the CPU of both sides beside the rates.
 #
-#   loadtest/run_locust.sh [--nodes 4] [--durability fsync|os] [-u 50] [-r 50] [-t 20s]
+#   loadtest/run_locust.sh [--nodes 4] [--replication 1] [--durability fsync|os] [-u 50] [-r 50] [-t 20s]
 #                          [--processes 2] [--out DIR] [LOCUSTFILE OPTIONS...]
 #
 #   --processes P: Locust's worker processes (P > 1), or 1 for a single process.
@@ -27,6 +27,7 @@ py="${PYTHON:-$root/.venv/bin/python}"
 locust_bin="${LOCUST:-$(dirname "$py")/locust}"
 
 nodes=4
+replication=1
 durability=fsync
 users=50
 rate=50
@@ -37,6 +38,7 @@ extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --nodes) nodes="$2"; shift 2 ;;
+    --replication) replication="$2"; shift 2 ;;
     --durability) durability="$2"; shift 2 ;;
     -u|--users) users="$2"; shift 2 ;;
     -r|--spawn-rate) rate="$2"; shift 2 ;;
@@ -91,7 +93,7 @@ trap 'exit 143' TERM
 
 cd "$root"
 "$py" loadtest/locust_report.py cluster --dir "$work/cluster" --nodes "$nodes" \
-  --durability "$durability" --state "$state" >"$work/cluster.out" 2>"$work/cluster.err" &
+  --replication "$replication" --durability "$durability" --state "$state" >"$work/cluster.out" 2>"$work/cluster.err" &
 cluster_pid=$!
 
 # Wait for the READY line (the helper prints it once every node printed its own).
@@ -115,7 +117,7 @@ if ((interrupted)); then
   exit 130
 fi
 config="$(sed -n 's/^READY //p' "$work/cluster.out")"
-echo "cluster: $nodes nodes, durability $durability ($config)"
+echo "cluster: $nodes nodes, replication $replication, durability $durability ($config)"
 
 locust_args=(
   "$locust_bin" -f "$here/locustfile.py" --headless --only-summary

@@ -6,7 +6,8 @@ sleep. `LocalCluster.ephemeral` binds every node's listening socket on 127.0.0.1
 here, writes a cluster file with the ports the kernel chose, and hands each socket
 down to its node (`--listen-fd`), so there is no window in which a port could be taken.
 The cluster keeps its copy of each socket for its whole life: a killed node's port
-stays bound (calls to it wait rather than being refused) until the node restarts.
+stays bound (calls to it wait rather than being refused) until the node restarts, or
+until `release_port` closes it (calls are then refused, as a crashed host's would be).
 """
 
 from __future__ import annotations
@@ -200,6 +201,20 @@ class LocalCluster:
         n = self.nodes[node_id]
         n.signal(signal.SIGKILL)
         n.wait(10)
+
+    def release_port(self, node_id: str) -> None:
+        """Closes the cluster's copy of a stopped node's listening socket: calls to the
+        port are refused from now on, and the node, if started again, binds the port
+        itself."""
+        n = self.nodes[node_id]
+        if n.running:
+            raise RuntimeError(f"{node_id} is running: stop or kill it first")
+        sock = self._sockets.pop(node_id, None)
+        if sock is None:
+            return
+        sock.close()
+        i = n.argv.index("--listen-fd")
+        self.nodes[node_id] = NodeProcess(node_id, n.argv[:i] + n.argv[i + 2 :], n.log_path, None)
 
     def stop_node(self, node_id: str, timeout_s: float = 10.0) -> int | None:
         n = self.nodes[node_id]

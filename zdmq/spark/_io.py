@@ -29,6 +29,7 @@ from zdmq.auth import TOKEN_ENV, bearer_headers
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
 from zdmq.models import AckResult, parse_receipt
+from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
 from zdmq.spark._options import ReadOptions
 
 __all__ = [
@@ -72,18 +73,46 @@ def _run(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
     return loop.run_until_complete(coro)
 
 
-async def _receive(
-    pool: _http.HttpPool, url: str, opts: ReadOptions, k: int
-) -> list[dict[str, Any]]:
-    """One lease call of up to `k` messages on the node at `url`, served by that node only."""
-    reply = await _http.call(
-        pool,
-        "POST",
-        f"{url}/v1/queues/{opts.queue}/receive",
-        params={"max": str(k), "visibility_s": repr(opts.visibility_s)},
-        headers=_ROUTE_LOCAL,
-    )
-    return list(reply.json()["messages"])
+class _Nodes:
+    """Lease calls to the nodes of a layout, each served by the node (or, with
+    replication, the replica group) it names alone: with `replication` above 1 a call
+    for group `g` goes to `g`'s leader wherever it is now (zdmq/routing.py: 421 hints,
+    the next member when one does not answer)."""
+
+    def __init__(self, config: ClusterConfig, token: str | None) -> None:
+        self.pool = _http.HttpPool(
+            timeout_s=config.request_timeout_s + 5.0,
+            headers=bearer_headers(token),
+            ssl_context=config.client_ssl(),
+        )
+        self.urls = {n.id: n.url for n in config.nodes}
+        self.router = (
+            GroupRouter(group_members(config.node_ids, config.replication))
+            if config.replication > 1
+            else None
+        )
+
+    async def receive(self, node: str, opts: ReadOptions, k: int) -> list[dict[str, Any]]:
+        """One lease call of up to `k` messages, served by `node` (its group) only. Sent
+        again after a failover: a lease whose reply was lost runs out, nothing is lost."""
+        path = f"/v1/queues/{opts.queue}/receive"
+        params = {"max": str(k), "visibility_s": repr(opts.visibility_s)}
+        if self.router is None:
+            reply = await _http.call(
+                self.pool, "POST", self.urls[node] + path, params=params, headers=_ROUTE_LOCAL
+            )
+        else:
+            headers = {**_ROUTE_LOCAL, GROUP_HEADER: node}
+
+            def send(target: str) -> Awaitable[_http.Reply]:
+                url = self.urls[target] + path
+                return _http.call(self.pool, "POST", url, params=params, headers=headers)
+
+            reply = await self.router.call(node, send)
+        return list(reply.json()["messages"])
+
+    async def close(self) -> None:
+        await self.pool.close()
 
 
 def _sizes(want: int, opts: ReadOptions) -> list[int]:
@@ -207,7 +236,6 @@ class NodeLeaser:
         self.config = cluster_from(layout)
         self.token = token_of(layout)
         self.node = node
-        self.url = self.config.node(node).url
         self.opts = opts
         self.builder = RowBuilder(schema, opts.decode)
         self.limit = limit
@@ -220,11 +248,7 @@ class NodeLeaser:
         return list(self.receipt_of.values())
 
     def batches(self, loop: asyncio.AbstractEventLoop) -> Iterator[pa.RecordBatch]:
-        pool = _http.HttpPool(
-            timeout_s=self.config.request_timeout_s + 5.0,
-            headers=bearer_headers(self.token),
-            ssl_context=self.config.client_ssl(),
-        )
+        nodes = _Nodes(self.config, self.token)
         idle_since: float | None = None
         ahead: asyncio.Task[list[dict[str, Any]]] | None = None
         try:
@@ -232,7 +256,7 @@ class NodeLeaser:
                 if ahead is not None:
                     msgs, ahead = _run(loop, ahead), None
                 else:
-                    msgs = _run(loop, self._round(pool))
+                    msgs = _run(loop, self._round(nodes))
                 if not msgs:
                     now = time.monotonic()
                     idle_since = idle_since if idle_since is not None else now
@@ -245,7 +269,7 @@ class NodeLeaser:
                 if self.limit is None or len(self.receipt_of) < self.limit:
                     # Send the next round's receives before handing this batch to Spark:
                     # the nodes lease (and sync) while Spark writes.
-                    ahead = loop.create_task(self._round(pool))
+                    ahead = loop.create_task(self._round(nodes))
                     _run(loop, asyncio.sleep(0))
                 if fresh:
                     built = self.builder.build(fresh, self.node, time.time_ns() // 1000)
@@ -259,7 +283,7 @@ class NodeLeaser:
                 # (a node that fails now: those leases expire on their own)
                 with contextlib.suppress(Exception):
                     self._dedup(_run(loop, ahead))
-            _run(loop, pool.close())
+            _run(loop, nodes.close())
 
     def _dedup(self, msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         fresh = []
@@ -271,13 +295,13 @@ class NodeLeaser:
                 fresh.append(m)
         return fresh
 
-    async def _round(self, pool: _http.HttpPool) -> list[dict[str, Any]]:
+    async def _round(self, nodes: _Nodes) -> list[dict[str, Any]]:
         """Up to `inflight` receives at once, each of up to `batch_size` messages."""
         want = self.opts.batch_size * self.opts.inflight
         if self.limit is not None:
             want = min(want, self.limit - len(self.receipt_of))
         replies, error = await _gather_all(
-            [_receive(pool, self.url, self.opts, k) for k in _sizes(want, self.opts)]
+            [nodes.receive(self.node, self.opts, k) for k in _sizes(want, self.opts)]
         )
         msgs = [m for msgs in replies for m in msgs]
         if error is not None:
@@ -300,19 +324,14 @@ async def lease_all(
     If a node fails, what the others leased is released before the error is raised.
     """
     config = cluster_from(layout)
-    pool = _http.HttpPool(
-        timeout_s=config.request_timeout_s + 5.0,
-        headers=bearer_headers(token_of(layout)),
-        ssl_context=config.client_ssl(),
-    )
+    nodes = _Nodes(config, token_of(layout))
     builder = RowBuilder(schema, opts.decode)
     got: dict[str, list[dict[str, Any]]] = {n: [] for n in config.node_ids}
     active = list(config.node_ids)
 
     async def node_round(node: str, want: int) -> bool:
-        url = config.node(node).url
         sizes = _sizes(min(want, opts.batch_size * opts.inflight), opts)
-        replies, error = await _gather_all([_receive(pool, url, opts, k) for k in sizes])
+        replies, error = await _gather_all([nodes.receive(node, opts, k) for k in sizes])
         for msgs in replies:
             got[node].extend(msgs)
         if error is not None:
@@ -339,7 +358,7 @@ async def lease_all(
             )
         raise
     finally:
-        await pool.close()
+        await nodes.close()
     now_us = time.time_ns() // 1000
     return {n: builder.build(msgs, n, now_us) for n, msgs in got.items() if msgs}
 

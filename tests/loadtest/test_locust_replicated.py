@@ -1,0 +1,84 @@
+"""Locust's zero-hop user against replica groups: 4 real nodes with `replication: 3`, one
+of them killed. Calls for the dead node's group move to its new leader (a refused
+connection, then a 421's hint) and nothing fails.
+
+Skipped when locust is not installed (it is in the `load` extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_until
+from zdmq import _http
+from zdmq.errors import ZdmqError
+from zdmq.local import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCUST = Path(sys.executable).parent / "locust"
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("locust") is None or not LOCUST.exists(),
+    reason="locust is not installed (pip install -e '.[load]')",
+)
+
+
+async def leaders(cluster: LocalCluster, group: str, skip: str | None = None) -> list[str | None]:
+    """The leader of `group` as each of its members (but `skip`) knows it."""
+    pool = _http.HttpPool(timeout_s=2.0, ssl_context=cluster.config.client_ssl())
+    try:
+        known: list[str | None] = []
+        for node in cluster.config.node_ids:
+            if node == skip:
+                continue
+            try:
+                h = await _http.call(pool, "GET", cluster.config.node(node).url + "/v1/health")
+            except ZdmqError:
+                return [None]
+            if group in h.json()["groups"]:
+                known.append(h.json()["groups"][group]["leader"])
+        return known
+    finally:
+        await pool.close()
+
+
+async def test_zerohop_users_follow_a_dead_nodes_group_to_its_new_leader_without_failures(
+    make_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    cluster = make_cluster(nodes=4, replication=3)
+    victim = cluster.config.node_ids[2]
+
+    async def settled() -> bool:
+        return set(await leaders(cluster, victim)) == {victim}
+
+    async def moved() -> bool:
+        return all(x not in (None, victim) for x in await leaders(cluster, victim, skip=victim))
+
+    await wait_until(settled, timeout_s=30, what="the group's first leader")
+    cluster.kill(victim)
+    cluster.release_port(victim)  # refused, as a crashed host's port would be
+    await wait_until(moved, timeout_s=30, what="a new leader")
+    out = tmp_path / "locust"
+    cmd = [str(LOCUST), "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless"]
+    cmd += ["--only-summary", "-u", "4", "-r", "4", "-t", "5s", "--json-file", str(out)]
+    cmd += ["--zdmq-config", str(cluster.config_path), "--routing", "zerohop"]
+    cmd += ["--mix", "push=2,pop=1,recv_ack=1,push_batch=1", "--batch-size", "20"]
+    run = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    final = json.loads(await asyncio.to_thread(Path(f"{out}.json").read_text))
+    counts = {e["name"]: e["num_requests"] for e in final}
+    failures = {e["name"]: e["num_failures"] for e in final if e["num_failures"]}
+    assert not failures, f"{failures}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, run.stderr[-3000:]
+    # Every user's first call for the dead node's group was refused and moved on.
+    assert counts.get("push (moved)", 0) + counts.get("push_batch (moved)", 0) > 0, counts
+    assert counts["push"] > 0 and counts["ack"] > 0, counts

@@ -1,0 +1,76 @@
+"""The Spark source against replica groups: 4 real nodes with `replication: 3`.
+
+A read partition is a replica group (its id is its preferred leader's node id); its lease
+calls go to the group's leader wherever it is, so a node that is down costs the read
+nothing: another member of each of its groups leads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import zdmq
+from tests.helpers import unique, wait_until
+from zdmq import _http
+from zdmq.local import LocalCluster
+
+pytestmark = pytest.mark.spark
+
+
+async def _push_all(cfg: Path, queue: str, n: int) -> set[str]:
+    async with zdmq.Client.from_config(cfg) as c:
+        await c.create_queue(queue)
+        ids: set[str] = set()
+        for start in range(0, n, 100):
+            ids.update(await c.push_many(queue, [b"m%d" % i for i in range(start, start + 100)]))
+        return ids
+
+
+async def _led_elsewhere(cluster: LocalCluster, group: str) -> bool:
+    """Whether a live member of `group` reports another node as its leader."""
+    pool = _http.HttpPool(timeout_s=2.0, ssl_context=cluster.config.client_ssl())
+    try:
+        for node in cluster.config.node_ids:
+            if node == group:
+                continue
+            try:
+                url = cluster.config.node(node).url + "/v1/health"
+                h = (await _http.call(pool, "GET", url)).json()
+            except zdmq.ZdmqError:
+                continue
+            leader = h.get("groups", {}).get(group, {}).get("leader")
+            if leader not in (None, group):
+                return True
+        return False
+    finally:
+        await pool.close()
+
+
+def test_batch_read_with_a_node_down_reads_every_message_from_its_groups_new_leaders(
+    spark: Any, make_cluster: Callable[..., LocalCluster]
+) -> None:
+    cluster = make_cluster(nodes=4, replication=3)
+    q = unique("read-r3")
+    pushed = asyncio.run(_push_all(cluster.config_path, q, 2000))
+    victim = cluster.config.node_ids[1]
+    cluster.kill(victim)
+    asyncio.run(wait_until(lambda: _led_elsewhere(cluster, victim), timeout_s=15, what="failover"))
+    rows = (
+        spark.read.format("zdmq")
+        .option("config", str(cluster.config_path))
+        .option("queue", q)
+        .option("wait_s", "1")
+        .load()
+        .select("id", "node")
+        .collect()
+    )
+    ids = [r.id for r in rows]
+    assert len(ids) == len(set(ids))
+    assert set(ids) == pushed
+    # The down node's group was read all the same, from its new leader.
+    assert victim in {r.node for r in rows}
