@@ -186,6 +186,27 @@ def test_ratios_compare_like_durability_and_say_above_one_when_zdmq_is_ahead() -
     assert zdmq_line.endswith("|  |  |") and redis_line.endswith("| 0.50 |  |")
 
 
+def test_replicated_peers_are_compared_with_the_replicated_zdmq_and_single_ones_with_one_copy() -> (
+    None
+):
+    rows = medians(
+        [
+            [
+                _row("zdmq 4 nodes fsync", "fsync", 4000.0, 0.4),
+                _row("zdmq 4 nodes fsync r3", "fsync", 1000.0, 1.0),
+                _row("nats r3 sync always", "fsync", 500.0, 2.0),
+                _row("rabbitmq quorum r3", "fsync", 250.0, 4.0),
+                _row("redis list always", "fsync", 2000.0, 0.8),
+            ]
+        ]
+    )
+    ratios = {r["system"]: r for r in ratio_rows(rows)}
+    assert ratios["nats r3 sync always"]["zdmq_system"] == "zdmq 4 nodes fsync r3"
+    assert ratios["rabbitmq quorum r3"]["push_rate"] == pytest.approx(4.0)
+    assert ratios["redis list always"]["zdmq_system"] == "zdmq 4 nodes fsync"
+    assert ratios["redis list always"]["push_rate"] == pytest.approx(2.0)
+
+
 def test_a_spec_names_its_driver_by_import_path_and_pickles() -> None:
     import pickle
 

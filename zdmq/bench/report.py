@@ -8,6 +8,7 @@ table, and `summary_table` the one-line-per-system table the README opens with.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import defaultdict
 from typing import Any
@@ -121,12 +122,19 @@ def medians(runs: list[list[Row]]) -> list[Row]:
     return out
 
 
+# A system that keeps copies on several servers: `zdmq 4 nodes fsync r3`, `nats r3 sync always`.
+_REPLICATED = re.compile(r" r[2-9]\b")
+
+
 def _zdmq_ref(rows: list[Row], row: Row) -> Row | None:
-    """The zdmq row a peer row is compared with: same workload, variant and durability;
-    the first zdmq system listed (the single node) if there are several."""
+    """The zdmq row a peer row is compared with: same workload, variant and durability,
+    and replicated (` r3` in the name) if the peer is; the first zdmq system listed (the
+    single node) if there are several."""
+    replicated = _REPLICATED.search(row["system"]) is not None
     for r in rows:
         if (
             r["system"].startswith("zdmq")
+            and (_REPLICATED.search(r["system"]) is not None) == replicated
             and r["workload"] == row["workload"]
             and r["variant"] == row["variant"]
             and r["durability"] == row["durability"]

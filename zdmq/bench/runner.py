@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib
+import itertools
 import json
 import os
 import platform
@@ -55,49 +56,53 @@ PREFETCH = 100  # messages the consumer rows lease ahead (one receive call's wor
 
 @contextlib.contextmanager
 def zdmq_systems(
-    nodes: list[int], durabilities: list[str], replication: int = 1
+    nodes: list[int], durabilities: list[str], replication: int | list[int] = 1
 ) -> Iterator[list[SystemSpec]]:
-    """Starts one local cluster per (nodes, durability) and yields a spec for each."""
+    """Starts one local cluster per (nodes, durability, replication) and yields a spec
+    for each; a replicated one is named with its copies (`zdmq 4 nodes fsync r3`), and
+    compared with the replicated peers (report.py)."""
     from zdmq.local import LocalCluster
 
+    replications = [replication] if isinstance(replication, int) else replication
     with contextlib.ExitStack() as stack:
         specs = []
-        for n in nodes:
-            for durability in durabilities:
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zdmq-bench-"))
-                cluster = stack.enter_context(
-                    LocalCluster.ephemeral(
-                        tmp, nodes=n, durability=durability, replication=replication
-                    )
+        for n, durability, replication in itertools.product(nodes, durabilities, replications):
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zdmq-bench-"))
+            cluster = stack.enter_context(
+                LocalCluster.ephemeral(tmp, nodes=n, durability=durability, replication=replication)
+            )
+            cluster.start()
+            pids = tuple(p.pid for p in cluster.nodes.values() if p.pid is not None)
+            name = "zdmq" if n == 1 else f"zdmq {n} nodes"
+            copies = f" r{replication}" if replication > 1 else ""
+            specs.append(
+                SystemSpec(
+                    name=f"{name} {durability}{copies}",
+                    driver=ZDMQ_DRIVER,
+                    durability=durability,
+                    options={"config": str(cluster.config_path)},
+                    server_pids=pids,
+                    note=(
+                        f"{n} node{'s' if n > 1 else ''}, durability: {durability}, "
+                        f"replication: {replication}"
+                    ),
                 )
-                cluster.start()
-                pids = tuple(p.pid for p in cluster.nodes.values() if p.pid is not None)
-                name = "zdmq" if n == 1 else f"zdmq {n} nodes"
-                specs.append(
-                    SystemSpec(
-                        name=f"{name} {durability}",
-                        driver=ZDMQ_DRIVER,
-                        durability=durability,
-                        options={"config": str(cluster.config_path)},
-                        server_pids=pids,
-                        note=f"{n} node{'s' if n > 1 else ''}, durability: {durability}",
-                    )
+            )
+            specs.append(
+                SystemSpec(
+                    name=f"{name} {durability}{copies} consumer",
+                    driver=ZDMQ_DRIVER,
+                    durability=durability,
+                    options={"config": str(cluster.config_path), "prefetch": PREFETCH},
+                    server_pids=pids,
+                    note=(
+                        f"the same cluster through a consumer: {PREFETCH} leased ahead, "
+                        "acks batched in the background and all committed before the "
+                        "phase ends (as RabbitMQ's consumer: prefetch, acks not awaited)"
+                    ),
+                    workloads=("sequential",),
                 )
-                specs.append(
-                    SystemSpec(
-                        name=f"{name} {durability} consumer",
-                        driver=ZDMQ_DRIVER,
-                        durability=durability,
-                        options={"config": str(cluster.config_path), "prefetch": PREFETCH},
-                        server_pids=pids,
-                        note=(
-                            f"the same cluster through a consumer: {PREFETCH} leased ahead, "
-                            "acks batched in the background and all committed before the "
-                            "phase ends (as RabbitMQ's consumer: prefetch, acks not awaited)"
-                        ),
-                        workloads=("sequential",),
-                    )
-                )
+            )
         yield specs
 
 
@@ -214,7 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="runs; tables show medians")
     ap.add_argument("--nodes", type=int, nargs="+", default=[1], help="cluster sizes to start")
     ap.add_argument("--durability", nargs="+", default=["fsync"], choices=["fsync", "os"])
-    ap.add_argument("--replication", type=int, default=1)
+    ap.add_argument(
+        "--replication",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="copies of each message; several values start one cluster each (e.g. 1 3)",
+    )
     ap.add_argument("--config", help="bench this running cluster instead of starting one")
     ap.add_argument(
         "--peers",
