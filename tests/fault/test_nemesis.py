@@ -1,7 +1,8 @@
 """Fault runs on real node processes: the workload under a nemesis, then the checker.
 
-Today's cluster keeps one copy of each message (on the node its id hashes to), written with
-`durability: fsync`. What that guarantees, and what these runs assert:
+These runs use `replication: 1` (the default): one copy of each message, on the node its id
+hashes to, written with `durability: fsync`. What that guarantees, and what they assert
+(test_replicated.py runs the replicated clusters):
 
 - kill -9 and restart on the same disk, SIGSTOP/SIGCONT: no acknowledged push is lost and
   nothing unexpected is delivered (duplicates are allowed: delivery is at-least-once).

@@ -74,6 +74,8 @@ class Rest:
     timeout_s: float = 3.0
     follow: bool = True  # False: a 421 ends the call (a probe of one node)
     suspect: dict[str, float] = field(default_factory=dict)  # node -> left out until
+    # Replies that sent a call on (`421`) and calls that got no reply (`no reply`).
+    seen: Counter[str] = field(default_factory=Counter)
 
     def _draw(self) -> str:
         now = time.monotonic()
@@ -98,6 +100,7 @@ class Rest:
                     json = resp.content_type.endswith("json") and body
             except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
                 self.suspect[node] = time.monotonic() + SUSPECT_S
+                self.seen["no reply"] += 1
                 raise Outcome(False, f"{node}: {type(e).__name__}: {e}") from e
             reply = orjson.loads(body) if json else None
             if status < 400:
@@ -105,6 +108,7 @@ class Rest:
             what = f"{node}: {status} {body[:200]!r}"
             if status != 421:
                 raise Outcome(status < 500, what)
+            self.seen["421"] += 1
             if hop + 1 == HOPS or not self.follow:
                 raise Outcome(False, what)
             leader = ((reply or {}).get("error") or {}).get("leader")
@@ -145,13 +149,14 @@ class Workload:
         self.retries = retries
         self.consumers_after_s = consumers_after_s
         self._pushed: Counter[str] = Counter()
+        self.seen: Counter[str] = Counter()  # shared by every Rest of this workload
         self.rng = random.Random(seed)
         self.salt = f"{self.rng.getrandbits(32):08x}"
 
     def _rest(self, session: aiohttp.ClientSession, nodes: Sequence[str] | None = None) -> Rest:
         """Calls to random nodes (of `nodes` if given)."""
         pick = {n: self.nodes[n] for n in nodes} if nodes is not None else self.nodes
-        return Rest(session, pick, random.Random(self.rng.random()), self.timeout_s)
+        return Rest(session, pick, random.Random(self.rng.random()), self.timeout_s, seen=self.seen)
 
     def session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(headers=self.headers)
