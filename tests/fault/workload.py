@@ -33,6 +33,10 @@ from zdmq.local import LocalCluster
 from zdmq.models import dedup_message_id
 
 RECEIVE_MAX = 10
+# A drain's leases: a drain receive whose reply was lost (a node may have forwarded it on and
+# leased messages after the caller gave up) holds its messages this long, well inside a
+# drain's timeout.
+DRAIN_VISIBILITY_S = 10.0
 
 
 class Outcome(Exception):
@@ -314,17 +318,21 @@ class Workload:
         *,
         nodes: Sequence[str] | None = None,
         process: str = "drain",
+        visibility_s: float = DRAIN_VISIBILITY_S,
     ) -> None:
         """Receives and acks until the queue's stats show no message on any node (leases of
         unknown receives must run out first) and a receive finds nothing. Calls go to
         `nodes` only, if given (the others may be down)."""
         deadline = time.monotonic() + timeout_s
+        stats: Any = None
         async with self.session() as s:
             rest = self._rest(s, nodes)
             while True:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"queue {self.queue} not drained in {timeout_s}s")
-                got = await self.receive(rest, process, "drain", 60.0, wait_s=0.2)
+                    raise AssertionError(
+                        f"queue {self.queue} not drained in {timeout_s}s; last stats {stats}"
+                    )
+                got = await self.receive(rest, process, "drain", visibility_s, wait_s=0.2)
                 if got:
                     await self.ack(rest, process, got)
                     continue
