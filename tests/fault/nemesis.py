@@ -1,5 +1,6 @@
 """Faults on real node processes: kill -9 and restart, SIGSTOP and SIGCONT, a lost disk,
-and (for nodes in network namespaces) partitions.
+and (for nodes in network namespaces) partitions; `run` draws them at random, `rounds` is the
+replicated acceptance schedule (a kill -9 every period, a SIGSTOP every third round).
 
 Works on a `zdmq.local.LocalCluster` (loopback nodes, or nodes in network namespaces, see
 netns.py): it signals only the node processes that cluster started, by their PID, and
@@ -105,22 +106,25 @@ class Nemesis:
         first_s: float = 1.0,
         nodes: Sequence[str] | None = None,
     ) -> None:
-        """A fault on a random node every `period_s` (the first after `first_s`), until
-        `duration_s` has passed: kill -9 and a restart on its disk `down_s` later, and in
-        every `pause_every`-th round a SIGSTOP for `paused_s` instead. A round starts once
-        the one before has ended, so one node at most is down at a time: with replication
-        3 every group keeps a majority throughout."""
+        """A fault on a random node every `period_s` (the first after `first_s`): kill -9
+        and a restart on its disk `down_s` later, and in every `pause_every`-th round a
+        SIGSTOP for `paused_s` instead, while a round can end within `duration_s` (a
+        restart takes up to about a second more). A round starts once the one before has
+        ended, so one node at most is down at a time: with replication 3 every group keeps
+        a majority throughout."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         candidates = list(nodes or self.cluster.nodes)
         k = 0
         while True:
             await asyncio.sleep(max(0.0, started + first_s + k * period_s - loop.time()))
-            if loop.time() - started >= duration_s:
+            pause = (k + 1) % pause_every == 0
+            lasts = paused_s if pause else down_s + 1.0
+            if loop.time() + lasts - started > duration_s:
                 return
             node = self.rng.choice(candidates)
             k += 1
-            if k % pause_every == 0:
+            if pause:
                 await self.pause(node, paused_s)
             else:
                 await self.kill(node, down_s)

@@ -11,8 +11,11 @@ recorded in a History for the checker.
 - `drain()` runs after the faults are healed: it receives and acks until the queue is empty
   and every node says so.
 
-Outcomes: 2xx is ok; 4xx is fail (it certainly did nothing); a timeout, a lost connection
-or a 5xx is info (unknown: a node may have done it before the reply was lost).
+Outcomes: 2xx is ok (recorded with the node that answered); 4xx is fail (it certainly did
+nothing); a timeout, a lost connection or a 5xx is info (unknown: a node may have done it
+before the reply was lost). A 421 `not_leader` (with replication, from a node that leads no
+group) is not an outcome: the call goes on to the leader it names (`Rest`), and is info only
+if it still ends in 421.
 """
 
 from __future__ import annotations
