@@ -117,11 +117,11 @@ class Nemesis:
         candidates = list(nodes or self.cluster.nodes)
         k = 0
         while True:
-            await asyncio.sleep(max(0.0, started + first_s + k * period_s - loop.time()))
+            at = first_s + k * period_s  # the round's start, from the run's
             pause = (k + 1) % pause_every == 0
-            lasts = paused_s if pause else down_s + 1.0
-            if loop.time() + lasts - started > duration_s:
+            if at + (paused_s if pause else down_s + 1.0) > duration_s:
                 return
+            await asyncio.sleep(max(0.0, started + at - loop.time()))
             node = self.rng.choice(candidates)
             k += 1
             if pause:

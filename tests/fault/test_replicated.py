@@ -129,6 +129,33 @@ async def settled(cluster: LocalCluster, token: str | None = None, timeout_s: fl
     await wait_until(ok, timeout_s=timeout_s, what="every group led by its own node")
 
 
+async def copies_left(cluster: LocalCluster) -> dict[str, dict[str, int]]:
+    """The messages each running node's copy of each of its groups still stores (only
+    the run's queue exists), nodes and groups with none left out."""
+    left: dict[str, dict[str, int]] = {}
+    for n, proc in cluster.nodes.items():
+        if proc.running:
+            groups = await groups_seen(cluster, n)
+            held = {g: s["messages"] for g, s in groups.items() if s["messages"]}
+            if held:
+                left[n] = held
+    return left
+
+
+async def no_copies_left(cluster: LocalCluster) -> None:
+    """Waits until no copy of any group on any running node stores a message: followers
+    apply what their leader committed (the drain's acks) shortly after it."""
+
+    async def empty() -> bool:
+        return await copies_left(cluster) == {}
+
+    try:
+        await wait_until(empty, timeout_s=15, what="every copy empty")
+    except AssertionError as e:
+        left = await copies_left(cluster)
+        raise AssertionError(f"{e}: copies still storing messages {left}") from None
+
+
 async def heal(cluster: LocalCluster) -> None:
     """Every node running again: SIGCONT to each, and a start for any that is down."""
     for node_id, n in cluster.nodes.items():
@@ -219,6 +246,7 @@ async def kills_pauses_and_a_lost_disk(
     print(f"{victim} lost its disk; {len(report.acknowledged)} acknowledged, all delivered")
     assert len(report.acknowledged) > 100, "the workload pushed too little to prove anything"
     assert_clean(report)
+    await no_copies_left(cluster)
 
     # It rejoins empty, catches up (it leads its group again only then): nothing comes back.
     await asyncio.to_thread(cluster.start_node, victim)
@@ -234,6 +262,8 @@ async def kills_pauses_and_a_lost_disk(
     print(f"after {victim} rejoined empty: delivered again {len(redelivered)}")
     assert redelivered == [], again.text()
     assert_clean(again)
+    # The groups it only follows keep nothing either: its copies match its leaders'.
+    await no_copies_left(cluster)
 
 
 async def test_kills_and_pauses_lose_nothing_and_a_lost_disk_brings_nothing_back(
