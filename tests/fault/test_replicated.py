@@ -415,7 +415,10 @@ async def partitions(
         """A random node that leads a group now (nodes hand leadership back to the
         group's own node once healed, but a run may cut before that)."""
         for node in rng.sample(c.node_ids, len(c.node_ids)):
-            groups = await groups_seen(cluster, node, c.token)
+            try:
+                groups = await groups_seen(cluster, node, c.token)
+            except (aiohttp.ClientError, TimeoutError):
+                continue
             if any(g["role"] == "leader" for g in groups.values()):
                 return node
         raise AssertionError("no node leads a group")
