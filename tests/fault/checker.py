@@ -19,13 +19,24 @@ Pops are at-most-once: a pop whose outcome is unknown may have removed messages 
 recorded, so `unknown_pop_capacity` (the most messages those pops could have taken) bounds
 the losses such pops explain. Receives whose outcome is unknown lose nothing: their leases
 expire and the messages come back.
+
+Fault windows (`fault_windows`) come from the nemesis's notes: a kill until the restart, a
+pause until the resume, a partition until the heal. Two questions are asked of them:
+
+- `acked_during(events, window)`: the pushes acknowledged while the fault held (with
+  replication, every window must have some: each group keeps a majority).
+- `cut_changes(events, members, group_of)`: every change a 2xx reply reported (a push
+  stored, a message leased or popped, an ack taken) by a call that began and ended while a
+  partition held, with the node that answered, and whether that node's side held a majority
+  of the replica group that keeps the message. A side without one can commit nothing for
+  that group, so any change it reports is a broken guarantee.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,3 +217,116 @@ def _effect_end(op: Op) -> float:
     """Until when a push could still have stored its message: its end if ok or fail, never
     known if its outcome is unknown."""
     return math.inf if op.type == INFO else op.end
+
+
+# ---- fault windows ------------------------------------------------------------------------
+
+# The note that starts a fault, and the note that ends it.
+_ENDS = {"kill": "restarted", "lose_disk": "restarted empty", "pause": "resumed"}
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One fault, from the note that began it to the note that ended it (`inf`: never
+    ended). `sides` is a partition's groups of nodes; `node` the victim of the others."""
+
+    fault: str
+    start: float
+    end: float
+    node: str | None = None
+    sides: tuple[tuple[str, ...], ...] = ()
+
+
+def fault_windows(events: Iterable[Event]) -> list[Window]:
+    _, notes = pair(events)
+    opened: dict[str, tuple[str, Event]] = {}  # node (or "net") -> fault and its note
+    done: list[Window] = []
+    for e in notes:
+        if e.f != "nemesis" or not isinstance(e.value, dict):
+            continue
+        fault, node = e.value.get("fault"), e.value.get("node")
+        if fault in _ENDS:
+            opened[node] = (fault, e)
+        elif fault == "partition":
+            opened["net"] = (fault, e)
+        elif fault == "heal" and "net" in opened:
+            _, began = opened.pop("net")
+            sides = tuple(tuple(side) for side in began.value["groups"])
+            done.append(Window("partition", began.time, e.time, sides=sides))
+        elif node in opened and _ENDS[opened[node][0]] == fault:
+            began_fault, began = opened.pop(node)
+            done.append(Window(began_fault, began.time, e.time, node=node))
+    for key, (fault, began) in opened.items():
+        sides = tuple(tuple(side) for side in began.value.get("groups", ()))
+        node = None if key == "net" else key
+        done.append(Window(fault, began.time, math.inf, node=node, sides=sides))
+    return sorted(done, key=lambda w: w.start)
+
+
+def acked_during(events: Iterable[Event], window: Window) -> list[Op]:
+    """The pushes acknowledged (their ok came) while `window`'s fault held."""
+    ops, _ = pair(events)
+    return [
+        op
+        for op in ops
+        if op.f == "push" and op.type == OK and window.start <= op.end <= window.end
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change a 2xx reply reported during a partition: `op` changed message `msg_id`
+    (kept by replica group `group`), answered by `node`, whose side held a majority of
+    the group's members or not (`majority`)."""
+
+    op: Op
+    msg_id: str
+    group: str
+    node: str
+    side: tuple[str, ...]
+    majority: bool
+
+    def __str__(self) -> str:
+        return (
+            f"{self.op.process} {self.op.f} ok of {self.msg_id} (group {self.group}) answered "
+            f"by {self.node} on side {list(self.side)}"
+            f"{'' if self.majority else ', which holds no majority of the group'}"
+        )
+
+
+def cut_changes(
+    events: Iterable[Event],
+    members: Mapping[str, Sequence[str]],
+    group_of: Callable[[str], str],
+) -> list[Change]:
+    """Every change reported by a call that began and ended inside a partition (see the
+    module's docstring). `members`: each replica group's members; `group_of(msg_id)`: the
+    group that keeps a message."""
+    events = list(events)
+    ops, _ = pair(events)
+    cuts = [w for w in fault_windows(events) if w.sides]
+    out: list[Change] = []
+    for op in ops:
+        if op.type != OK:
+            continue
+        for w in cuts:
+            if not (w.start <= op.start and op.end <= w.end):
+                continue
+            for node, msg_id in _changed(op):
+                side = next(s for s in w.sides if node in s)
+                group = group_of(msg_id)
+                held = sum(m in side for m in members[group])
+                out.append(Change(op, msg_id, group, node, side, 2 * held > len(members[group])))
+    return out
+
+
+def _changed(op: Op) -> list[tuple[str, str]]:
+    """(node that answered, message id) for each change `op`'s ok reported."""
+    value = op.value
+    if op.f == "push":
+        return [(value["node"], op.invoke_value["id"])] if "node" in (value or {}) else []
+    if op.f in DELIVERING:
+        return [(d["node"], d["id"]) for d in value or () if "node" in d]
+    if op.f == "ack" and "node" in (value or {}):
+        return [(value["node"], i) for i in value.get("acked", ())]
+    return []

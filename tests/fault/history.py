@@ -8,12 +8,13 @@ next completion of the same process. Times are `time.monotonic()` of the one tes
 The functions (`f`) and their values:
 
 - `push`: invoke and completion value `{"id", "payload"}` (the id the producer expects, the
-  body it sent); an `ok` may carry the id the node answered as `{"id", "payload", "got"}`.
+  body it sent); an `ok` may carry the id the node answered and the node that answered as
+  `{"id", "payload", "got", "node"}`.
 - `receive`, `pop`, `drain`: invoke value `None` (or `{"max": n}`); `ok` value a list of
-  deliveries `[{"id", "payload"}]` (a receive's also carry `"receipt"`). `drain` is the
-  final receive after the faults are healed.
-- `ack`: invoke value `{"ids": [...]}`; `ok` value `{"acked": [...], "failed": [...]}`
-  (the ids whose ack took effect, and those refused).
+  deliveries `[{"id", "payload", "node"}]` (a receive's also carry `"receipt"`). `drain` is
+  the final receive after the faults are healed.
+- `ack`: invoke value `{"ids": [...]}`; `ok` value `{"acked": [...], "failed": [...],
+  "node"}` (the ids whose ack took effect, those refused, and the node that answered).
 - `nemesis`: what the fault injector did (`{"fault", "node", ...}`), for the report only.
 """
 

@@ -1,5 +1,6 @@
 """Faults on real node processes: kill -9 and restart, SIGSTOP and SIGCONT, a lost disk,
-and (for nodes in network namespaces) partitions.
+and (for nodes in network namespaces) partitions; `run` draws them at random, `rounds` is the
+replicated acceptance schedule (a kill -9 every period, a SIGSTOP every third round).
 
 Works on a `zdmq.local.LocalCluster` (loopback nodes, or nodes in network namespaces, see
 netns.py): it signals only the node processes that cluster started, by their PID, and
@@ -71,13 +72,19 @@ class Nemesis:
         await asyncio.to_thread(self.cluster.start_node, node)
         self._note("restarted empty", node)
 
-    async def partition(self, hold_s: float = 2.0, node: str | None = None) -> None:
-        """Cuts the network for `hold_s`, then heals it: `node` alone (or, without it, a
-        random node alone or random halves, even odds)."""
+    async def partition(
+        self, hold_s: float = 2.0, node: str | None = None, *, halves: bool | None = None
+    ) -> None:
+        """Cuts the network for `hold_s`, then heals it: `node` alone, or random halves
+        (`halves`), or without either a random node alone or random halves, even odds.
+        The partition's note comes once every rule is in place, the heal's before any is
+        taken away, so the window between them is one the cut held throughout."""
         net = self.network
         if net is None:
             raise ValueError("partitions need a NetnsCluster")
-        if node is None and self.rng.random() < 0.5:
+        if halves is None:
+            halves = node is None and self.rng.random() < 0.5
+        if halves:
             groups = net.random_halves(self.rng)
         else:
             groups = net.isolate(node or self.rng.choice(net.node_ids))
@@ -85,8 +92,42 @@ class Nemesis:
         try:
             await asyncio.sleep(hold_s)
         finally:
-            net.heal()
             self.history.note("nemesis", "nemesis", {"fault": "heal"})
+            net.heal()
+
+    async def rounds(
+        self,
+        duration_s: float,
+        *,
+        period_s: float = 6.0,
+        down_s: float = 3.0,
+        paused_s: float = 6.0,
+        pause_every: int = 3,
+        first_s: float = 1.0,
+        nodes: Sequence[str] | None = None,
+    ) -> None:
+        """A fault on a random node every `period_s` (the first after `first_s`): kill -9
+        and a restart on its disk `down_s` later, and in every `pause_every`-th round a
+        SIGSTOP for `paused_s` instead, while a round can end within `duration_s` (a
+        restart takes up to about a second more). A round starts once the one before has
+        ended, so one node at most is down at a time: with replication 3 every group keeps
+        a majority throughout."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        candidates = list(nodes or self.cluster.nodes)
+        k = 0
+        while True:
+            at = first_s + k * period_s  # the round's start, from the run's
+            pause = (k + 1) % pause_every == 0
+            if at + (paused_s if pause else down_s + 1.0) > duration_s:
+                return
+            await asyncio.sleep(max(0.0, started + at - loop.time()))
+            node = self.rng.choice(candidates)
+            k += 1
+            if pause:
+                await self.pause(node, paused_s)
+            else:
+                await self.kill(node, down_s)
 
     async def run(
         self,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.checker import check, pair
+from tests.fault.checker import acked_during, check, cut_changes, fault_windows, pair
 from tests.fault.history import History
 
 
@@ -213,3 +213,82 @@ def test_problems_spots_a_report_that_does_not_add_up() -> None:
     r = check(h)
     r.lost = set()
     assert r.problems() == ["lost is not acknowledged minus delivered"]
+
+
+# ---- fault windows and partitions ------------------------------------------------------------
+
+MEMBERS = {"n1": ("n1", "n2", "n3"), "n2": ("n2", "n3", "n4"), "n3": ("n3", "n4", "n1")}
+
+
+def group_of(msg_id: str) -> str:
+    return msg_id.split("/")[0]  # the tests' ids name their group: "n1/a"
+
+
+def pushed_by(h: History, p: str, msg_id: str, node: str) -> None:
+    value = {"id": msg_id, "payload": f"body-{msg_id}"}
+    h.invoke(p, "push", value)
+    h.ok(p, "push", {**value, "node": node})
+
+
+def test_fault_windows_pair_each_fault_with_its_end() -> None:
+    h = History()
+    h.note("nemesis", "nemesis", {"fault": "kill", "node": "n1"})
+    h.note("nemesis", "nemesis", {"fault": "pause", "node": "n2"})
+    h.note("nemesis", "nemesis", {"fault": "resumed", "node": "n2"})
+    h.note("nemesis", "nemesis", {"fault": "restarted", "node": "n1"})
+    h.note("nemesis", "nemesis", {"fault": "partition", "groups": [["n1"], ["n2", "n3"]]})
+    h.note("nemesis", "nemesis", {"fault": "heal"})
+    h.note("nemesis", "nemesis", {"fault": "lose_disk", "node": "n3"})
+    windows = fault_windows(h)
+    assert [(w.fault, w.node) for w in windows] == [
+        ("kill", "n1"),
+        ("pause", "n2"),
+        ("partition", None),
+        ("lose_disk", "n3"),
+    ]
+    assert windows[2].sides == (("n1",), ("n2", "n3"))
+    assert windows[0].end > windows[1].end and windows[3].end == float("inf")
+
+
+def test_acked_during_counts_the_pushes_whose_ok_came_inside() -> None:
+    h = History()
+    push(h, "p1", "before")
+    h.note("nemesis", "nemesis", {"fault": "kill", "node": "n1"})
+    h.invoke("p2", "push", {"id": "straddles", "payload": "x"})
+    push(h, "p1", "inside")
+    push(h, "p1", "failed", "fail")
+    h.ok("p2", "push", {"id": "straddles", "payload": "x"})
+    h.note("nemesis", "nemesis", {"fault": "restarted", "node": "n1"})
+    push(h, "p1", "after")
+    (window,) = fault_windows(h)
+    assert sorted(op.invoke_value["id"] for op in acked_during(h, window)) == [
+        "inside",
+        "straddles",
+    ]
+
+
+def test_cut_changes_flag_a_minority_side_only_for_calls_inside_the_cut() -> None:
+    h = History()
+    h.invoke("p1", "push", {"id": "n1/early", "payload": "body-n1/early"})
+    h.note("nemesis", "nemesis", {"fault": "partition", "groups": [["n1"], ["n2", "n3", "n4"]]})
+    h.ok("p1", "push", {"id": "n1/early", "payload": "body-n1/early", "node": "n1"})
+    pushed_by(h, "p1", "n1/a", "n2")  # n2, n3 hold a majority of group n1
+    pushed_by(h, "p1", "n3/b", "n1")  # n1 alone: no majority of group n3
+    h.invoke("c1", "receive", {"max": 10})
+    h.ok("c1", "receive", [{"id": "n2/c", "payload": "body-n2/c", "receipt": "r", "node": "n1"}])
+    h.invoke("c1", "ack", {"ids": ["n1/a", "n3/d"]})
+    h.ok("c1", "ack", {"acked": ["n1/a"], "failed": ["n3/d"], "node": "n3"})
+    pushed_by(h, "p2", "n1/e", "n1")
+    h.invoke("p3", "push", {"id": "n1/late", "payload": "body-n1/late"})
+    h.note("nemesis", "nemesis", {"fault": "heal"})
+    h.ok("p3", "push", {"id": "n1/late", "payload": "body-n1/late", "node": "n1"})
+    changes = cut_changes(h, {**MEMBERS, "n4": ("n4", "n1", "n2")}, group_of)
+    seen = {(c.op.f, c.msg_id, c.node, c.majority) for c in changes}
+    assert seen == {
+        ("push", "n1/a", "n2", True),
+        ("push", "n3/b", "n1", False),
+        ("receive", "n2/c", "n1", False),
+        ("ack", "n1/a", "n3", True),
+        ("push", "n1/e", "n1", False),
+    }
+    assert "no majority" in str(next(c for c in changes if c.msg_id == "n3/b"))

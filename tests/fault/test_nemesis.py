@@ -1,7 +1,8 @@
 """Fault runs on real node processes: the workload under a nemesis, then the checker.
 
-Today's cluster keeps one copy of each message (on the node its id hashes to), written with
-`durability: fsync`. What that guarantees, and what these runs assert:
+These runs use `replication: 1` (the default): one copy of each message, on the node its id
+hashes to, written with `durability: fsync`. What that guarantees, and what they assert
+(test_replicated.py runs the replicated clusters):
 
 - kill -9 and restart on the same disk, SIGSTOP/SIGCONT: no acknowledged push is lost and
   nothing unexpected is delivered (duplicates are allowed: delivery is at-least-once).
@@ -12,7 +13,6 @@ Today's cluster keeps one copy of each message (on the node its id hashes to), w
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -24,12 +24,10 @@ from tests.fault.history import History
 from tests.fault.nemesis import Nemesis
 from tests.fault.netns import NetnsCluster, NetnsUnavailable, unavailable_reason
 from tests.fault.runner import run
-from tests.fault.workload import Outcome, Workload
+from tests.fault.workload import Outcome, Workload, node_urls
 from tests.helpers import unique, wait_until
 from zdmq.hashing import Placement
 from zdmq.local import LocalCluster
-
-SEED = int(os.environ.get("ZDMQ_FAULT_SEED", random.randrange(1 << 30)))
 
 
 @pytest.fixture
@@ -56,13 +54,12 @@ def healer(cluster: LocalCluster) -> Callable[[], Awaitable[None]]:
 
 
 async def test_kill_and_pause_lose_no_acknowledged_push(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, seed: int
 ) -> None:
-    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
     h = History()
-    w = Workload(cluster.urls, unique("fault"), h, producers=3, consumers=2, seed=SEED)
-    nemesis = Nemesis(cluster, h, seed=SEED)
-    victims = random.Random(SEED).sample(list(cluster.nodes), 3)
+    w = Workload(node_urls(cluster), unique("fault"), h, producers=3, consumers=2, seed=seed)
+    nemesis = Nemesis(cluster, h, seed=seed)
+    victims = random.Random(seed).sample(list(cluster.nodes), 3)
 
     async def faults() -> None:
         await asyncio.sleep(1.0)
@@ -86,16 +83,15 @@ async def test_kill_and_pause_lose_no_acknowledged_push(
 
 
 async def test_random_kills_and_pauses_with_pop_consumers(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, seed: int
 ) -> None:
     """Pops too: a pop whose reply was lost may have taken messages no one recorded, so the
     losses must stay within what the unknown pops could have taken."""
-    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
     h = History()
     w = Workload(
-        cluster.urls, unique("fault"), h, producers=2, consumers=1, pop_consumers=1, seed=SEED
+        node_urls(cluster), unique("fault"), h, producers=2, consumers=1, pop_consumers=1, seed=seed
     )
-    nemesis = Nemesis(cluster, h, seed=SEED)
+    nemesis = Nemesis(cluster, h, seed=seed)
     report = await run(
         w,
         lambda: nemesis.run(6.0, faults=("kill", "pause"), interval_s=(0.5, 1.5)),
@@ -116,22 +112,23 @@ async def test_random_kills_and_pauses_with_pop_consumers(
 @pytest.mark.slow
 @pytest.mark.parametrize("victim_is_owner", [True, False], ids=["metadata-owner", "other-node"])
 async def test_disk_loss_loses_the_lost_nodes_messages(
-    cluster: LocalCluster, tmp_path: Path, victim_is_owner: bool
+    cluster: LocalCluster, tmp_path: Path, victim_is_owner: bool, seed: int
 ) -> None:
     """One copy per message: a node that loses its disk loses its messages, and only those.
     When the victim is the queue's metadata owner the queue's metadata goes too: the other
     nodes keep their messages of it (the owner recorded no delete, so they do not purge),
     and once the queue is created again, as an operator would, they rejoin it."""
-    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
     queue = unique("fault")
     cfg = cluster.config
     placement = Placement(cfg.node_ids, cfg.partitions, cfg.replication)
     owner = placement.owner(queue)
     others = [n for n in cluster.nodes if n != owner]
-    victim = owner if victim_is_owner else random.Random(SEED).choice(others)
+    victim = owner if victim_is_owner else random.Random(seed).choice(others)
     h = History()
-    w = Workload(cluster.urls, queue, h, producers=2, consumers=2, consumers_after_s=6.0, seed=SEED)
-    nemesis = Nemesis(cluster, h, seed=SEED)
+    w = Workload(
+        node_urls(cluster), queue, h, producers=2, consumers=2, consumers_after_s=6.0, seed=seed
+    )
+    nemesis = Nemesis(cluster, h, seed=seed)
 
     async def orphaned() -> int:
         """How many of the other nodes hold messages of the queue their sweep found unknown."""
@@ -206,15 +203,17 @@ def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
 
 
 async def test_partitions_deliver_nothing_unexpected(
-    netns_cluster: NetnsCluster, tmp_path: Path
+    netns_cluster: NetnsCluster, tmp_path: Path, seed: int
 ) -> None:
     """An isolated node, then random halves, each healed: nothing unexpected is delivered,
     and (no disk lost, no process killed) no acknowledged push is lost."""
-    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
     c = netns_cluster
-    rng = random.Random(SEED)
+    rng = random.Random(seed)
     h = History()
-    w = Workload(c.urls, unique("fault"), h, token=c.token, producers=2, consumers=2, seed=SEED)
+    assert c.cluster is not None
+    w = Workload(
+        node_urls(c.cluster), unique("fault"), h, token=c.token, producers=2, consumers=2, seed=seed
+    )
 
     async def faults() -> None:
         await asyncio.sleep(1.0)
@@ -269,20 +268,19 @@ def test_netns_cluster_partitions_and_cleans_up(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 async def test_random_partitions_kills_and_pauses(
-    netns_cluster: NetnsCluster, tmp_path: Path
+    netns_cluster: NetnsCluster, tmp_path: Path, seed: int
 ) -> None:
     """30 s of random faults in namespaces (partitions, kill -9, SIGSTOP) with receive and
     pop consumers: nothing unexpected or resurrected, losses only what unknown pops took."""
-    print(f"seed {SEED} (ZDMQ_FAULT_SEED to repeat)")
     c = netns_cluster
     cluster = c.cluster
     assert cluster is not None
     h = History()
     w = Workload(
-        c.urls, unique("fault"), h, token=c.token, producers=3, consumers=2, pop_consumers=1,
-        seed=SEED,
+        node_urls(cluster), unique("fault"), h, token=c.token, producers=3, consumers=2,
+        pop_consumers=1, seed=seed,
     )  # fmt: skip
-    nemesis = Nemesis(cluster, h, seed=SEED, network=c)
+    nemesis = Nemesis(cluster, h, seed=seed, network=c)
 
     async def heal() -> None:
         c.heal()

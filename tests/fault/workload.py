@@ -11,8 +11,11 @@ recorded in a History for the checker.
 - `drain()` runs after the faults are healed: it receives and acks until the queue is empty
   and every node says so.
 
-Outcomes: 2xx is ok; 4xx is fail (it certainly did nothing); a timeout, a lost connection
-or a 5xx is info (unknown: a node may have done it before the reply was lost).
+Outcomes: 2xx is ok (recorded with the node that answered); 4xx is fail (it certainly did
+nothing); a timeout, a lost connection or a 5xx is info (unknown: a node may have done it
+before the reply was lost). A 421 `not_leader` (with replication, from a node that leads no
+group) is not an outcome: the call goes on to the leader it names (`Rest`), and is info only
+if it still ends in 421.
 """
 
 from __future__ import annotations
@@ -21,15 +24,22 @@ import asyncio
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from tests.fault.history import History
+from zdmq.local import LocalCluster
 from zdmq.models import dedup_message_id
 
 RECEIVE_MAX = 10
+# A drain's leases: a drain receive whose reply was lost (a node may have forwarded it on and
+# leased messages after the caller gave up) holds its messages this long, well inside a
+# drain's timeout.
+DRAIN_VISIBILITY_S = 10.0
 
 
 class Outcome(Exception):
@@ -40,33 +50,87 @@ class Outcome(Exception):
         self.definite = definite
 
 
+# How many nodes one call may visit: the one drawn, then each 421's leader in turn.
+HOPS = 4
+# A node that did not answer (a timeout, a refused or lost connection) is not drawn again
+# for this long, unless every node is in that state.
+SUSPECT_S = 5.0
+
+
+def node_urls(cluster: LocalCluster) -> dict[str, str]:
+    """Every node of `cluster` by id, with its URL."""
+    return {n: cluster.config.node(n).url for n in cluster.nodes}
+
+
 @dataclass
 class Rest:
-    """Calls to a node drawn at random for each call, with a timeout of its own."""
+    """Calls to a node drawn at random for each call, with a timeout of its own.
+
+    With replication a node that leads no group answers 421 `not_leader`, naming the
+    leader it knows: the call goes there next (or, with none named, to another node after
+    a pause: an election runs), up to HOPS nodes. A 421 did nothing where it was answered,
+    but a node that forwarded the call may have tried it elsewhere first, so a call that
+    ends in 421 has an unknown outcome.
+
+    A node that did not answer is left out of the draw for SUSPECT_S, as a client would
+    (calls do not wait out a dead node's timeout one after another)."""
 
     session: aiohttp.ClientSession
-    urls: list[str]
+    nodes: Mapping[str, str]  # node id -> URL
     rng: random.Random
     timeout_s: float = 3.0
+    follow: bool = True  # False: a 421 ends the call (a probe of one node)
+    suspect: dict[str, float] = field(default_factory=dict)  # node -> left out until
+    # Replies that sent a call on (`421`) and calls that got no reply (`no reply`).
+    seen: Counter[str] = field(default_factory=Counter)
 
-    async def call(self, method: str, path: str, *, extra_s: float = 0.0, **kw: Any) -> Any:
-        url = self.rng.choice(self.urls) + path
-        try:
-            async with self.session.request(
-                method, url, timeout=aiohttp.ClientTimeout(total=self.timeout_s + extra_s), **kw
-            ) as resp:
-                body = await resp.read()
-                if resp.status >= 400:
-                    raise Outcome(resp.status < 500, f"{resp.status} {body[:200]!r}")
-                return await resp.json() if body and resp.content_type.endswith("json") else None
-        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
-            raise Outcome(False, f"{type(e).__name__}: {e}") from e
+    def _draw(self) -> str:
+        now = time.monotonic()
+        live = [n for n in self.nodes if self.suspect.get(n, 0.0) <= now]
+        return self.rng.choice(live or list(self.nodes))
+
+    async def call(
+        self, method: str, path: str, *, extra_s: float = 0.0, **kw: Any
+    ) -> tuple[str, Any]:
+        """The node that answered 2xx, and its reply's JSON (None without a body)."""
+        node = self._draw()
+        for hop in range(HOPS):
+            try:
+                async with self.session.request(
+                    method,
+                    self.nodes[node] + path,
+                    timeout=aiohttp.ClientTimeout(total=self.timeout_s + extra_s),
+                    **kw,
+                ) as resp:
+                    body = await resp.read()
+                    status = resp.status
+                    json = resp.content_type.endswith("json") and body
+            except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+                self.suspect[node] = time.monotonic() + SUSPECT_S
+                self.seen["no reply"] += 1
+                raise Outcome(False, f"{node}: {type(e).__name__}: {e}") from e
+            reply = orjson.loads(body) if json else None
+            if status < 400:
+                return node, reply
+            what = f"{node}: {status} {body[:200]!r}"
+            if status != 421:
+                raise Outcome(status < 500, what)
+            self.seen["421"] += 1
+            if hop + 1 == HOPS or not self.follow:
+                raise Outcome(False, what)
+            leader = ((reply or {}).get("error") or {}).get("leader")
+            if leader in self.nodes and leader != node:
+                node = leader
+            else:  # no leader known there: another node, after an election's moment
+                await asyncio.sleep(0.2 * (hop + 1))
+                node = self._draw()
+        raise AssertionError("unreachable")
 
 
 class Workload:
     def __init__(
         self,
-        urls: list[str],
+        nodes: Mapping[str, str],
         queue: str,
         history: History,
         *,
@@ -80,7 +144,7 @@ class Workload:
         consumers_after_s: float = 0.0,
         seed: int | None = None,
     ) -> None:
-        self.urls = urls
+        self.nodes = dict(nodes)
         self.queue = queue
         self.history = history
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -92,11 +156,14 @@ class Workload:
         self.retries = retries
         self.consumers_after_s = consumers_after_s
         self._pushed: Counter[str] = Counter()
+        self.seen: Counter[str] = Counter()  # shared by every Rest of this workload
         self.rng = random.Random(seed)
         self.salt = f"{self.rng.getrandbits(32):08x}"
 
-    def _rest(self, session: aiohttp.ClientSession) -> Rest:
-        return Rest(session, self.urls, random.Random(self.rng.random()), self.timeout_s)
+    def _rest(self, session: aiohttp.ClientSession, nodes: Sequence[str] | None = None) -> Rest:
+        """Calls to random nodes (of `nodes` if given)."""
+        pick = {n: self.nodes[n] for n in nodes} if nodes is not None else self.nodes
+        return Rest(session, pick, random.Random(self.rng.random()), self.timeout_s, seen=self.seen)
 
     def session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(headers=self.headers)
@@ -142,7 +209,7 @@ class Workload:
         h = self.history
         h.invoke(process, "push", value)
         try:
-            reply = await rest.call(
+            node, reply = await rest.call(
                 "POST",
                 f"/v1/queues/{self.queue}/messages",
                 data=value["payload"].encode(),
@@ -155,8 +222,31 @@ class Workload:
             h.info(process, "push", {**value, "error": str(e)})
             await asyncio.sleep(0.05)
             return False
-        h.ok(process, "push", {**value, "got": (reply or {}).get("id")})
+        h.ok(process, "push", {**value, "got": (reply or {}).get("id"), "node": node})
         return True
+
+    async def probe(
+        self,
+        node: str,
+        process: str,
+        group_of: Callable[[str], str],
+        group: str,
+        timeout_s: float = 1.0,
+    ) -> None:
+        """One push of a fresh message that `group` keeps, sent to `node` alone (no 421 is
+        followed, nothing is retried), recorded like a producer's: a partition test sends it
+        to a node cut off from a majority of `group`, which must not acknowledge it."""
+        self._pushed[process] += 1
+        while True:  # a dedup id whose message `group` keeps
+            dedup_id = f"{process}-{self._pushed[process]}"
+            msg_id = dedup_message_id(self.queue, dedup_id)
+            if group_of(msg_id) == group:
+                break
+            self._pushed[process] += 1
+        value = {"id": msg_id, "payload": f"{self.salt}:{dedup_id}"}
+        async with self.session() as s:
+            rest = Rest(s, {node: self.nodes[node]}, self.rng, timeout_s, follow=False)
+            await self._push(rest, process, dedup_id, value)
 
     # ---- consumers -------------------------------------------------------------------
     async def _consume(self, rest: Rest, process: str, deadline: float) -> None:
@@ -172,7 +262,7 @@ class Workload:
         h = self.history
         h.invoke(process, f, {"max": RECEIVE_MAX})
         try:
-            reply = await rest.call(
+            node, reply = await rest.call(
                 "POST",
                 f"/v1/queues/{self.queue}/receive",
                 params={"max": RECEIVE_MAX, "visibility_s": visibility_s, "wait_s": wait_s},
@@ -182,7 +272,7 @@ class Workload:
             (h.fail if e.definite else h.info)(process, f, {"error": str(e)})
             await asyncio.sleep(0.05)
             return []
-        got = [_delivery(m) for m in reply["messages"]]
+        got = [_delivery(m, node) for m in reply["messages"]]
         h.ok(process, f, got)
         return got
 
@@ -191,7 +281,7 @@ class Workload:
         ids = [d["id"] for d in got]
         h.invoke(process, "ack", {"ids": ids})
         try:
-            reply = await rest.call(
+            node, reply = await rest.call(
                 "POST",
                 f"/v1/queues/{self.queue}/ack",
                 json={"receipts": [d["receipt"] for d in got]},
@@ -203,7 +293,7 @@ class Workload:
         h.ok(
             process,
             "ack",
-            {"acked": [i for i in ids if i not in failed], "failed": sorted(failed)},
+            {"acked": [i for i in ids if i not in failed], "failed": sorted(failed), "node": node},
         )
 
     async def _pop(self, rest: Rest, process: str, deadline: float) -> None:
@@ -212,7 +302,7 @@ class Workload:
         while time.monotonic() < deadline:
             h.invoke(process, "pop", {"max": RECEIVE_MAX})
             try:
-                reply = await rest.call(
+                node, reply = await rest.call(
                     "POST",
                     f"/v1/queues/{self.queue}/pop",
                     params={"max": RECEIVE_MAX, "wait_s": 0.5},
@@ -222,24 +312,35 @@ class Workload:
                 (h.fail if e.definite else h.info)(process, "pop", {"error": str(e)})
                 await asyncio.sleep(0.05)
                 continue
-            h.ok(process, "pop", [_delivery(m) for m in reply["messages"]])
+            h.ok(process, "pop", [_delivery(m, node) for m in reply["messages"]])
 
     # ---- the end ---------------------------------------------------------------------
-    async def drain(self, timeout_s: float = 30.0) -> None:
+    async def drain(
+        self,
+        timeout_s: float = 30.0,
+        *,
+        nodes: Sequence[str] | None = None,
+        process: str = "drain",
+        visibility_s: float = DRAIN_VISIBILITY_S,
+    ) -> None:
         """Receives and acks until the queue's stats show no message on any node (leases of
-        unknown receives must run out first) and a receive finds nothing."""
+        unknown receives must run out first) and a receive finds nothing. Calls go to
+        `nodes` only, if given (the others may be down)."""
         deadline = time.monotonic() + timeout_s
+        stats: Any = None
         async with self.session() as s:
-            rest = self._rest(s)
+            rest = self._rest(s, nodes)
             while True:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"queue {self.queue} not drained in {timeout_s}s")
-                got = await self.receive(rest, "drain", "drain", 60.0, wait_s=0.2)
+                    raise AssertionError(
+                        f"queue {self.queue} not drained in {timeout_s}s; last stats {stats}"
+                    )
+                got = await self.receive(rest, process, "drain", visibility_s, wait_s=0.2)
                 if got:
-                    await self.ack(rest, "drain", got)
+                    await self.ack(rest, process, got)
                     continue
                 try:
-                    stats = await rest.call("GET", f"/v1/queues/{self.queue}")
+                    _, stats = await rest.call("GET", f"/v1/queues/{self.queue}")
                 except Outcome as e:
                     if e.definite:
                         raise AssertionError(f"queue {self.queue}: {e}") from e
@@ -250,8 +351,8 @@ class Workload:
                 await asyncio.sleep(0.2)
 
 
-def _delivery(m: dict[str, Any]) -> dict[str, Any]:
-    d = {"id": m["id"], "payload": m["body"]}
+def _delivery(m: dict[str, Any], node: str) -> dict[str, Any]:
+    d = {"id": m["id"], "payload": m["body"], "node": node}
     if "receipt" in m:
         d["receipt"] = m["receipt"]
     return d
