@@ -26,6 +26,7 @@ Tables (named raft_* so they can share a file with the node's other tables):
     raft_meta        key -> value; `identity`, a random id written when the file is created
     raft_hard_state  group -> term, vote, commit
     raft_log         (group, index) -> term, data
+    raft_snapshot    group -> index, term: the log's compacted prefix (entries after it only)
     raft_peers       peer -> identity: the store identity last seen from each peer
     raft_probation   (group, peer) -> since: peers on probation here (zdmq/raft/identity.py)
     raft_cleared     (group, peer) -> identity: peer stores whose probation was lifted here
@@ -36,7 +37,12 @@ each group keeps its hard state and last index, its log's terms as runs (the fir
 of each run of equal terms: a handful per group, so `term_at` of any index is a bisect),
 and the entries of the log's tail (the last `tail_entries`). Only `entries` reaching
 below the tail reads the file. Opening a group scans its log's terms once, to build the
-runs: until snapshots bound the log, that is linear in its length.
+runs: linear in the entries kept since the last compaction.
+
+`compact(index)` deletes a group's entries up to `index` and records it (and its term)
+in `raft_snapshot`; `restore(meta)` deletes them all, for a snapshot installed from the
+leader. Deleted rows free pages SQLite reuses for new entries, so a log compacted as it
+grows keeps the file about the size of its largest uncompacted stretch.
 
 `store.identity` tells a node that lost its disk (a new, empty file has a new identity)
 from one that restarted with its log.
@@ -56,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from zdmq.raft.identity import PeerBook
-from zdmq.raft.storage import Entry, HardState
+from zdmq.raft.storage import Entry, HardState, SnapshotMeta
 
 if TYPE_CHECKING:
     from zdmq.raft.core import Ready
@@ -89,6 +95,11 @@ CREATE TABLE IF NOT EXISTS raft_log (
 CREATE TABLE IF NOT EXISTS raft_peers (
     peer TEXT PRIMARY KEY,
     identity TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_snapshot (
+    grp TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL,
+    term INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS raft_self (
     grp TEXT PRIMARY KEY,
@@ -345,6 +356,7 @@ class GroupLog:
         "_last",
         "_run_starts",
         "_run_terms",
+        "_snap",
         "_store",
         "_tail",
         "_tail_start",
@@ -355,6 +367,7 @@ class GroupLog:
         self._store = store
         self.group_id = group_id
         self._hard = HardState()
+        self._snap = SnapshotMeta()
         self._last = 0
         # Runs of equal terms: the run k covers indices _run_starts[k] up to the next start.
         self._run_starts: list[int] = []
@@ -370,9 +383,11 @@ class GroupLog:
             "SELECT term, vote, commit_index FROM raft_hard_state WHERE grp = ?", (gid,)
         ).fetchone()
         self._hard = HardState(*row) if row else HardState()
+        row = conn.execute("SELECT idx, term FROM raft_snapshot WHERE grp = ?", (gid,)).fetchone()
+        self._snap = SnapshotMeta(*row) if row else SnapshotMeta()
         starts: list[int] = []
         terms: list[int] = []
-        last = 0
+        last = self._snap.index
         for idx, term in conn.execute(
             "SELECT idx, term FROM raft_log WHERE grp = ? ORDER BY idx", (gid,)
         ):
@@ -383,7 +398,7 @@ class GroupLog:
                 terms.append(term)
             last = idx
         self._run_starts, self._run_terms, self._last = starts, terms, last
-        lo = max(1, last - self._store.tail_entries + 1)
+        lo = max(self._snap.index + 1, last - self._store.tail_entries + 1)
         self._tail = self._read(lo, last + 1)
         self._tail_start = lo
 
@@ -403,16 +418,20 @@ class GroupLog:
     def last_index(self) -> int:
         return self._last
 
+    def snapshot(self) -> SnapshotMeta:
+        return self._snap
+
     def term_at(self, index: int) -> int:
-        assert 0 <= index <= self._last, index
+        snap = self._snap
+        assert snap.index <= index <= self._last, (index, snap, self._last)
         if index >= self._tail_start:
             return self._tail[index - self._tail_start].term
-        if index == 0:
-            return 0
+        if index == snap.index:
+            return snap.term
         return self._run_terms[bisect.bisect_right(self._run_starts, index) - 1]
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
-        assert 1 <= lo <= hi <= self._last + 1, (lo, hi)
+        assert self._snap.index < lo <= hi <= self._last + 1, (lo, hi, self._snap)
         start = self._tail_start
         if lo >= start:
             return self._tail[lo - start : hi - start]
@@ -441,7 +460,7 @@ class GroupLog:
         last = self._last
         if entries:
             first = entries[0].index
-            assert 1 <= first <= last + 1, (first, last)
+            assert self._snap.index < first <= last + 1, (first, last, self._snap)
             assert all(e.index == first + k for k, e in enumerate(entries)), "not contiguous"
             last = entries[-1].index
         if hard is not None:
@@ -467,6 +486,54 @@ class GroupLog:
                 self._cache_entries(entries)
             if hard is not None:
                 self._hard = hard
+
+    def compact(self, index: int) -> None:
+        """Deletes the entries up to `index` (at most the commit index), keeping its term
+        as the snapshot's, in one transaction (or the open batch)."""
+        snap = self._snap
+        assert snap.index < index <= self._hard.commit, (index, snap, self._hard)
+        meta = SnapshotMeta(index, self.term_at(index))
+        store, gid = self._store, self.group_id
+        with store._transaction():
+            store._touched.add(gid)
+            conn = store._conn
+            conn.execute("DELETE FROM raft_log WHERE grp = ? AND idx <= ?", (gid, index))
+            conn.execute(
+                "INSERT OR REPLACE INTO raft_snapshot (grp, idx, term) VALUES (?, ?, ?)",
+                (gid, meta.index, meta.term),
+            )
+            self._snap = meta
+            # The run holding index + 1 now starts there; those before it are gone.
+            k = max(bisect.bisect_right(self._run_starts, index) - 1, 0)
+            del self._run_starts[:k], self._run_terms[:k]
+            if self._run_starts:
+                self._run_starts[0] = index + 1
+            if self._tail_start <= index:
+                del self._tail[: index + 1 - self._tail_start]
+                self._tail_start = index + 1
+
+    def restore(self, meta: SnapshotMeta) -> None:
+        """Deletes every entry: the log starts after `meta` (a snapshot installed from
+        the leader, at or past the commit index, which moves up to it)."""
+        assert self._hard.commit <= meta.index and self._snap.index <= meta.index, meta
+        hard = self._hard._replace(commit=meta.index)
+        store, gid = self._store, self.group_id
+        with store._transaction():
+            store._touched.add(gid)
+            conn = store._conn
+            conn.execute("DELETE FROM raft_log WHERE grp = ?", (gid,))
+            conn.execute(
+                "INSERT OR REPLACE INTO raft_snapshot (grp, idx, term) VALUES (?, ?, ?)",
+                (gid, meta.index, meta.term),
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO raft_hard_state (grp, term, vote, commit_index) "
+                "VALUES (?, ?, ?, ?)",
+                (gid, hard.term, hard.vote, hard.commit),
+            )
+            self._snap, self._hard, self._last = meta, hard, meta.index
+            self._run_starts, self._run_terms = [], []
+            self._tail, self._tail_start = [], meta.index + 1
 
     def _cache_entries(self, entries: Sequence[Entry]) -> None:
         first = entries[0].index
