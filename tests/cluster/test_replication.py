@@ -346,3 +346,34 @@ async def test_the_raft_log_stays_bounded_under_a_long_run(
         assert len(await drain(c, q)) == 4 * 150 * 4
     # The file stops growing: deleted entries free pages the next ones reuse.
     assert sizes[-1] <= sizes[1] * 1.2, sizes
+
+
+async def test_the_snapshot_route_takes_only_nodes_and_refuses_what_it_cannot_serve(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = await replicated(make_cluster, "n1")
+    url = cluster.config.node("n1").url
+    async with session() as s:
+        target = "/v1/internal/snapshots/n1"
+        async with s.get(url + target) as r:  # no node credential
+            assert r.status == 401
+            assert (await r.json())["error"]["code"] == "unauthorized"
+        async with s.get(
+            url + target, headers=node_signed(cluster.config, "n2", "GET", target)
+        ) as r:
+            assert r.status == 200
+            index = int(r.headers["zdmq-snapshot-index"])
+            size = int(r.headers["zdmq-snapshot-size"])
+            body = await r.read()
+        assert index > 0 and int(r.headers["zdmq-snapshot-term"]) > 0
+        assert body[:16] == b"SQLite format 3\x00" and len(body) == size
+        for target, status in [
+            ("/v1/internal/snapshots/n2", 404),  # n1 is not in group n2
+            (f"/v1/internal/snapshots/n1?offset=0&index={index + 1}", 404),  # no such copy
+            (f"/v1/internal/snapshots/n1?offset={size + 1}&index={index}", 400),
+            ("/v1/internal/snapshots/n1?offset=-1", 400),
+        ]:
+            headers = node_signed(cluster.config, "n2", "GET", target)
+            async with s.get(url + target, headers=headers) as r:
+                assert r.status == status, target
+                assert "message" in (await r.json())["error"]
