@@ -87,3 +87,29 @@ async def test_install_replaces_the_state_file_and_reloads_the_group(tmp_path: P
         assert node.state.rows is node.storage  # the group's state reloaded from it
     finally:
         await member.stop()
+
+
+async def test_members_catching_up_at_once_share_the_copy_the_log_still_covers(
+    tmp_path: Path,
+) -> None:
+    member = Member(config(tmp_path), "n1", b"s" * 32)
+    await member.start()
+    try:
+        state = member.nodes["n1"].storage
+        state.note_applied(5, 1.0, 2)
+        first = await member.snapshot_chunk("n1", 0, 0)
+        assert (first.index, first.term, first.offset) == (5, 2, 0)
+        assert first.data[:16] == b"SQLite format 3\x00" and len(first.data) == first.size
+        state.note_applied(6, 1.0, 2)
+        # The log holds every entry after 5 (nothing is compacted): the copy serves again.
+        again = await member.snapshot_chunk("n1", 0, 0)
+        assert (again.index, again.data) == (5, first.data)
+        tail = await member.snapshot_chunk("n1", first.size - 10, 5)
+        assert tail.data == first.data[-10:]
+        # Another group's copy is its own.
+        member.nodes["n3"].storage.note_applied(9, 1.0, 4)
+        other = await member.snapshot_chunk("n3", 0, 0)
+        assert (other.index, other.term) == (9, 4)
+        assert (await member.snapshot_chunk("n1", 0, 5)).index == 5
+    finally:
+        await member.stop()

@@ -26,7 +26,8 @@ Compaction and snapshots (zdmq/raft/driver.py runs them; this is the state's sid
 `checkpoint` makes a group's state file durable (commit, then a WAL checkpoint with its
 syncs), so the host may compact the log up to the index it holds. `snapshot_chunk`
 serves a group's state to a member that needs it: a copy made with `VACUUM INTO`
-(`snapshots/serve-<g>-<index>.sqlite3`, the newest per group kept), in chunks of
+(`snapshots/serve-<g>-<index>-<term>.sqlite3`, one per group, made again once the log
+no longer holds every entry after it), in chunks of
 `SNAPSHOT_CHUNK` bytes, over `GET /v1/internal/snapshots/<g>?offset=&index=` (signed
 like every node call). `pull` fetches it chunk by chunk into
 `snapshots/incoming-<g>.sqlite3`, syncs it and checks it (SQLite's quick_check, and the
@@ -43,6 +44,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 import sqlite3
 import time
 from collections.abc import Awaitable, Mapping
@@ -75,6 +77,7 @@ ELECTION_TICKS = 10
 LEADER_WAIT_S = 3.0
 # Raft messages to one peer travel in payloads of up to this many bytes (past the first).
 PAYLOAD_BYTES = 4 << 20
+_INDEX_TERM = re.compile(r"([0-9]+)-([0-9]+)")
 # A snapshot travels in chunks of this many bytes (one call each: bounded memory).
 SNAPSHOT_CHUNK = 4 << 20
 #: The route a member pulls another's snapshot of a group from (+ the group id).
@@ -212,19 +215,27 @@ class Member:
             raise RouteNotFound(f"{self.id} is not a member of group {group[:100]!r}")
         self.snap_dir.mkdir(parents=True, exist_ok=True)
         if index == 0:
-            tmp = self.snap_dir / f"copy-{group}.sqlite3"
-            index, term = node.storage.copy_to(tmp)
-            path = self.snap_dir / f"serve-{group}-{index}-{term}.sqlite3"
-            os.replace(tmp, path)
-            for old in self.snap_dir.glob(f"serve-{group}-*.sqlite3"):
+            # The copy kept serves while the log still holds every entry after it (a
+            # member that installs it catches up from the log): members catching up at
+            # once share one copy instead of replacing each other's.
+            start = self.raft.log_bounds(group)[0] if self.raft is not None else 0
+            kept = self._served(group)
+            usable = [k for k in kept if k[0] >= start]
+            if usable:
+                index, term, path = max(usable)
+            else:
+                tmp = self.snap_dir / f"copy-{group}.sqlite3"
+                index, term = node.storage.copy_to(tmp)
+                path = self.snap_dir / f"serve-{group}-{index}-{term}.sqlite3"
+                os.replace(tmp, path)
+            for _, _, old in kept:
                 if old != path:
                     old.unlink(missing_ok=True)
         else:
-            found = list(self.snap_dir.glob(f"serve-{group}-{index}-*.sqlite3"))
+            found = [(t, p) for i, t, p in self._served(group) if i == index]
             if not found:
                 raise RouteNotFound(f"{self.id} keeps no snapshot of group {group} at {index}")
-            path = found[0]
-            term = int(path.stem.rsplit("-", 1)[1])
+            term, path = found[0]
 
         def read() -> tuple[int, bytes]:
             with path.open("rb") as f:
@@ -235,6 +246,17 @@ class Member:
         if offset > size:
             raise BadRequest(f"offset {offset} is past the snapshot's {size} bytes")
         return SnapshotChunk(index, term, size, offset, data)
+
+    def _served(self, group: str) -> list[tuple[int, int, Path]]:
+        """(index, term, path) of the copies of `group`'s state kept to serve."""
+        out = []
+        prefix = f"serve-{group}-"
+        for p in self.snap_dir.glob("serve-*.sqlite3"):
+            if p.stem.startswith(prefix):
+                m = _INDEX_TERM.fullmatch(p.stem[len(prefix) :])
+                if m is not None:
+                    out.append((int(m[1]), int(m[2]), p))
+        return out
 
     async def pull(self, group: str, src: str) -> PulledSnapshot:
         """`src`'s snapshot of `group`, chunk by chunk into a local file, synced and checked."""
