@@ -8,7 +8,10 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from zdmq.config import ClusterConfig
+from zdmq.errors import StorageFailed
 from zdmq.raft.driver import PulledSnapshot
 from zdmq.raft.sqlite_storage import RaftLogStore
 from zdmq.raft.storage import Entry, HardState, SnapshotMeta
@@ -113,3 +116,19 @@ async def test_members_catching_up_at_once_share_the_copy_the_log_still_covers(
         assert (await member.snapshot_chunk("n1", 0, 5)).index == 5
     finally:
         await member.stop()
+
+
+async def test_a_state_behind_the_compacted_log_stops_the_start_with_what_to_do(
+    tmp_path: Path,
+) -> None:
+    cfg = config(tmp_path)
+    data = cfg.node_data_dir("n1")
+    data.mkdir(parents=True)
+    with RaftLogStore(data / "raft.sqlite3") as store:  # group n2's state file is gone
+        glog = store.group("n2")
+        glog.write([Entry(2, i, b"x") for i in range(1, 13)], HardState(2, "n2", 10))
+        glog.compact(8)
+    member = Member(cfg, "n1", b"s" * 32)
+    with pytest.raises(StorageFailed, match="move the node's data directory away"):
+        await member.start()
+    await member.stop()

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
-from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound
+from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
 from zdmq.raft.sqlite_storage import RaftLogStore
@@ -187,7 +187,8 @@ class Member:
     # ---- compaction and snapshots (the driver's SnapshotHooks) --------------------------
     def _finish_installs(self) -> None:
         """A group state ahead of its log's commit index is a snapshot installed by a
-        process that stopped before it reset the log: the log starts after it."""
+        process that stopped before it reset the log: the log starts after it. A state
+        behind the log's compacted prefix cannot be rebuilt: StorageFailed."""
         assert self.store is not None
         for g, node in self.nodes.items():
             glog = self.store.group(g)
@@ -202,6 +203,13 @@ class Member:
                     glog.hard_state().commit,
                 )
                 glog.restore(SnapshotMeta(applied, node.storage.applied_term))
+            elif applied < glog.snapshot().index:
+                raise StorageFailed(
+                    f"group {g}'s state holds index {applied}, but its log starts after "
+                    f"{glog.snapshot().index}: the state file was lost or rolled back and "
+                    "cannot be rebuilt from the log; move the node's data directory away and "
+                    "start it again, to rejoin as a new store"
+                )
 
     def checkpoint(self, group: str) -> int:
         return self.nodes[group].storage.checkpoint()
