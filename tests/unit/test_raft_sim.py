@@ -11,6 +11,7 @@ import pytest
 
 from zdmq.raft import core, sim
 from zdmq.raft.sim import SimConfig, SimFailure
+from zdmq.raft.storage import SnapshotMeta
 
 SEEDS = 400  # per group size: 800 runs, about 10 s
 
@@ -117,3 +118,27 @@ def test_a_long_soak_of_many_seeds_and_steps(nodes: int) -> None:
     for seed in range(10_000, 13_000):
         print(f"seed {seed}, {nodes} nodes, 1500 steps")
         sim.run(seed, SimConfig(nodes=nodes, steps=1500))
+
+
+def test_a_restore_that_resets_the_log_whatever_it_holds_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No check of the commit index, no keeping a log that holds the snapshot's entry: a
+    # snapshot older than what the node committed takes its place.
+    def restore_anything(
+        self: core.RaftCore, index: int, term: int, leader: str | None = None
+    ) -> bool:
+        if self.role is not core.Role.FOLLOWER:
+            return False
+        log = self.log
+        log.unstable, log.offset = [], index + 1
+        log.restored = SnapshotMeta(index, term)
+        log.committed = log.applied = index
+        self._persisted_hard = self._persisted_hard._replace(commit=index)
+        if leader is not None:
+            self._send(core.MsgType.APPEND_RESP, leader, index=index)
+        return True
+
+    monkeypatch.setattr(core.RaftCore, "restore", restore_anything)
+    with pytest.raises(AssertionError):
+        sim.run(28, SimConfig(nodes=3))
