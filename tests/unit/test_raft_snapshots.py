@@ -194,3 +194,22 @@ def test_restore_drops_every_entry_and_moves_the_commit_index(disk_and_reopen) -
         assert d.hard_state() == HardState(4, "n1", 20) and d.term_at(20) == 3
     d.append([Entry(4, 21, b"y")])
     assert reopen().entries(21, 22) == [Entry(4, 21, b"y")]
+
+
+def test_the_sqlite_log_counts_its_data_bytes_through_every_change(tmp_path: Path) -> None:
+    path = tmp_path / "raft.sqlite3"
+    with RaftLogStore(path, "os", tail_entries=2) as store:
+        g = store.group("g")
+        g.write([Entry(1, i, b"x" * i) for i in range(1, 11)], HardState(1, None, 8))
+        assert g.data_bytes() == sum(range(1, 11))
+        g.append([Entry(2, 9, b"yy"), Entry(2, 10, None)])  # 9 and 10 overwritten
+        assert g.data_bytes() == sum(range(1, 9)) + 2
+        # From 8 down, the entries that fit in 15 bytes: 8 and 7 (15 bytes; 6 more is 21).
+        assert g.keep_from(8, 15) == 7 and g.keep_from(8, 7) == 9 and g.keep_from(8, 100) == 1
+        g.compact(5)
+        assert g.data_bytes() == 6 + 7 + 8 + 2
+    with RaftLogStore(path, "os", tail_entries=2) as store:
+        g = store.group("g")
+        assert g.data_bytes() == 6 + 7 + 8 + 2
+        g.restore(SnapshotMeta(30, 2))
+        assert g.data_bytes() == 0

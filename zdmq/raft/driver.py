@@ -63,10 +63,12 @@ leadership spreads one group per node and comes back to a node that restarts.
 
 Compaction and snapshots (given `snapshots`, the state machine's side, and
 `compact_entries`). At the start of a pump round, a group whose log holds
-2 * `compact_entries` applied entries past its last compaction has its state made
-durable (`snapshots.checkpoint`: the state file is not fsynced as it is applied), and its
-log compacted up to `compact_entries` entries short of the index that checkpoint
-returned, so a follower a little behind still catches up from the log. A follower
+2 * `compact_entries` applied entries past its last compaction (or, with
+`compact_bytes`, entries holding 2 * `compact_bytes` bytes of data, once at least 64
+are applied) has its state made durable (`snapshots.checkpoint`: the state file is not
+fsynced as it is applied), and its log compacted up to `compact_entries` entries short
+of the index that checkpoint returned (fewer if those hold more than `compact_bytes`),
+so a follower a little behind still catches up from the log. A follower
 whose core asks for a snapshot (the leader compacted what it needs) pulls one from that
 leader (`snapshots.pull`, a task beside the pump, one per group at a time); at the next
 round the core decides (`RaftCore.restore`): a stale snapshot is dropped, otherwise the
@@ -353,6 +355,10 @@ def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: flo
 
 # ---- snapshots ------------------------------------------------------------------------------
 
+# Applied entries past the last compaction below which the byte bound does not compact
+# (each compaction costs a checkpoint of the state, an fsync or two).
+_MIN_COMPACTION = 64
+
 
 @dataclass(frozen=True, slots=True)
 class PulledSnapshot:
@@ -455,6 +461,7 @@ class RaftHost:
         report_ticks: int = 3000,
         snapshots: SnapshotHooks | None = None,
         compact_entries: int = 0,
+        compact_bytes: int = 0,
     ) -> None:
         assert tick_s > 0 and transfer_check_ticks >= 1
         self.node_id = node_id
@@ -471,6 +478,8 @@ class RaftHost:
         self._snapshots = snapshots
         #: Applied entries a compaction keeps behind the durable state (0: never compacts).
         self.compact_entries = compact_entries if snapshots is not None else 0
+        #: The data bytes a compaction keeps at most behind the durable state (0: no bound).
+        self.compact_bytes = compact_bytes
         # Group -> the pull of a snapshot in flight; the pulls done, for the next round.
         self._pulling: dict[str, asyncio.Task[None]] = {}
         self._pulled: dict[str, PulledSnapshot] = {}
@@ -924,19 +933,32 @@ class RaftHost:
                 gid,
                 snap.index,
             )
-        keep = self.compact_entries
+        keep, keep_bytes = self.compact_entries, self.compact_bytes
         if not keep:
             return
         for gid, core in self._cores.items():
             glog = self._logs[gid]
             start = glog.snapshot().index
-            if core.log.applied - start < 2 * keep:
+            applied = core.log.applied - start
+            by_bytes = (
+                keep_bytes and applied >= _MIN_COMPACTION and (glog.data_bytes() >= 2 * keep_bytes)
+            )
+            if applied < 2 * keep and not by_bytes:
                 continue
             durable = min(hooks.checkpoint(gid), core.log.applied, glog.hard_state().commit)
-            upto = durable - keep
-            if upto > start:
-                await asyncio.to_thread(glog.compact, upto)
+            if await asyncio.to_thread(self._compact, glog, durable, start):
                 self.counters["compactions"] += 1
+
+    def _compact(self, glog: GroupLog, durable: int, start: int) -> bool:
+        """(In a worker thread, in the pump.) Compacts `glog` up to `compact_entries`
+        entries short of `durable`, or further if those hold more than `compact_bytes`."""
+        upto = durable - self.compact_entries
+        if self.compact_bytes:
+            upto = max(upto, glog.keep_from(durable, self.compact_bytes) - 1)
+        if upto <= start:
+            return False
+        glog.compact(upto)
+        return True
 
     def _seen(self, peer: str, identity: str) -> None:
         """A payload from `peer` with another store identity than the one recorded."""

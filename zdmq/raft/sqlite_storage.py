@@ -352,6 +352,7 @@ class GroupLog:
     """One group's hard state and log: the core's `Storage`, and its driver's writes."""
 
     __slots__ = (
+        "_bytes",
         "_hard",
         "_last",
         "_run_starts",
@@ -369,6 +370,7 @@ class GroupLog:
         self._hard = HardState()
         self._snap = SnapshotMeta()
         self._last = 0
+        self._bytes = 0  # the entries' data bytes
         # Runs of equal terms: the run k covers indices _run_starts[k] up to the next start.
         self._run_starts: list[int] = []
         self._run_terms: list[int] = []
@@ -388,8 +390,9 @@ class GroupLog:
         starts: list[int] = []
         terms: list[int] = []
         last = self._snap.index
-        for idx, term in conn.execute(
-            "SELECT idx, term FROM raft_log WHERE grp = ? ORDER BY idx", (gid,)
+        size = 0
+        for idx, term, n in conn.execute(
+            "SELECT idx, term, length(data) FROM raft_log WHERE grp = ? ORDER BY idx", (gid,)
         ):
             if idx != last + 1:
                 raise RaftStorageFailed(f"group {gid!r}: the log skips from {last} to {idx}")
@@ -397,7 +400,9 @@ class GroupLog:
                 starts.append(idx)
                 terms.append(term)
             last = idx
+            size += n or 0
         self._run_starts, self._run_terms, self._last = starts, terms, last
+        self._bytes = size
         lo = max(self._snap.index + 1, last - self._store.tail_entries + 1)
         self._tail = self._read(lo, last + 1)
         self._tail_start = lo
@@ -469,8 +474,10 @@ class GroupLog:
         with store._transaction():
             store._touched.add(gid)
             conn = store._conn
+            dropped = 0
             if entries:
                 if first <= self._last:
+                    dropped = self._data_bytes(first, self._last)
                     conn.execute("DELETE FROM raft_log WHERE grp = ? AND idx >= ?", (gid, first))
                 conn.executemany(
                     "INSERT INTO raft_log (grp, idx, term, data) VALUES (?, ?, ?, ?)",
@@ -484,8 +491,37 @@ class GroupLog:
                 )
             if entries:
                 self._cache_entries(entries)
+                self._bytes += sum(len(e.data or b"") for e in entries) - dropped
             if hard is not None:
                 self._hard = hard
+
+    def _data_bytes(self, lo: int, hi: int) -> int:
+        """The data bytes of the entries lo..hi (inclusive), from the file."""
+        (n,) = self._store._conn.execute(
+            "SELECT COALESCE(SUM(length(data)), 0) FROM raft_log "
+            "WHERE grp = ? AND idx >= ? AND idx <= ?",
+            (self.group_id, lo, hi),
+        ).fetchone()
+        return int(n)
+
+    def data_bytes(self) -> int:
+        """The data bytes of the entries the log holds (what compaction by bytes counts)."""
+        return self._bytes
+
+    def keep_from(self, index: int, budget: int) -> int:
+        """The lowest index i <= `index` + 1 such that the entries i..`index` hold at most
+        `budget` data bytes (reads the file)."""
+        kept = 0
+        lowest = index + 1
+        for idx, n in self._store._conn.execute(
+            "SELECT idx, length(data) FROM raft_log WHERE grp = ? AND idx <= ? ORDER BY idx DESC",
+            (self.group_id, index),
+        ):
+            kept += n or 0
+            if kept > budget:
+                break
+            lowest = idx
+        return lowest
 
     def compact(self, index: int) -> None:
         """Deletes the entries up to `index` (at most the commit index), keeping its term
@@ -497,12 +533,14 @@ class GroupLog:
         with store._transaction():
             store._touched.add(gid)
             conn = store._conn
+            dropped = self._data_bytes(snap.index + 1, index)
             conn.execute("DELETE FROM raft_log WHERE grp = ? AND idx <= ?", (gid, index))
             conn.execute(
                 "INSERT OR REPLACE INTO raft_snapshot (grp, idx, term) VALUES (?, ?, ?)",
                 (gid, meta.index, meta.term),
             )
             self._snap = meta
+            self._bytes -= dropped
             # The run holding index + 1 now starts there; those before it are gone.
             k = max(bisect.bisect_right(self._run_starts, index) - 1, 0)
             del self._run_starts[:k], self._run_terms[:k]
@@ -532,6 +570,7 @@ class GroupLog:
                 (gid, hard.term, hard.vote, hard.commit),
             )
             self._snap, self._hard, self._last = meta, hard, meta.index
+            self._bytes = 0
             self._run_starts, self._run_terms = [], []
             self._tail, self._tail_start = [], meta.index + 1
 

@@ -161,6 +161,7 @@ class Member:
             rng=random.Random(),
             snapshots=self if self.config.durability != "memory" else None,
             compact_entries=self.config.replication_log_entries,
+            compact_bytes=self.config.replication_log_bytes,
         )
         self.raft.start()
 
