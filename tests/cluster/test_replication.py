@@ -279,6 +279,27 @@ async def caught_up(cluster: LocalCluster, node: str) -> bool:
     return True
 
 
+async def push_some(c: Client, q: str, n: int, size: int) -> list[str]:
+    """`n` messages pushed in one call with dedup ids, so a call that failed (a group
+    changing leader: the outcome may be unknown) is sent again and stores them once."""
+    dedup = [unique("d") for _ in range(n)]
+    bodies = [os.urandom(size) for _ in range(n)]
+    for _ in range(10):
+        try:
+            return await c.push_many(q, bodies, dedup_ids=dedup)
+        except ZdmqError:
+            await asyncio.sleep(0.2)
+    raise AssertionError("no leader took the push for 2 s")
+
+
+async def counts(cluster: LocalCluster, node: str, group: str, peer: str) -> bool:
+    """`node` counts `peer`'s votes and acknowledgements in `group` (not on probation)."""
+    try:
+        return peer not in (await health(cluster, node))["groups"][group]["on_probation"]
+    except (aiohttp.ClientError, KeyError):
+        return False
+
+
 @pytest.mark.parametrize("lose_disk", [False, True], ids=["restart", "new-disk"])
 async def test_a_member_behind_the_compacted_log_catches_up_from_a_snapshot(
     make_cluster: Callable[..., LocalCluster], lose_disk: bool
@@ -306,13 +327,17 @@ async def test_a_member_behind_the_compacted_log_catches_up_from_a_snapshot(
 
         for _ in range(50):
             for _ in range(20):
-                acked += await c.push_many(q, [os.urandom(64) for _ in range(5)])
+                acked += await push_some(c, q, 5, 64)
             if await compacted():
                 break
         assert await compacted()
         await asyncio.to_thread(cluster.start_node, "n3")
         await wait_until(lambda: caught_up(cluster, "n3"), timeout_s=30, what="n3 caught up")
         await wait_until(lambda: leaders_settled(cluster, ["n3"]), timeout_s=30, what="n3 leads")
+        # n2 counts n3 in group n1 again (its leader n1 lifted n3's probation and told n2).
+        await wait_until(
+            lambda: counts(cluster, "n2", "n1", "n3"), timeout_s=30, what="n2 counts n3"
+        )
         raft = (await health(cluster, "n3"))["raft"]
         # A new leader of group n3 took over while n3 was down: n3 cannot catch up on its
         # log from what that leader kept. A new disk needs a snapshot in each group.
@@ -345,12 +370,12 @@ async def test_the_raft_log_stays_bounded_under_a_long_run(
         await c.create_queue(q)
         for _ in range(4):
             for _ in range(150):
-                await c.push_many(q, [os.urandom(200) for _ in range(4)])
+                await push_some(c, q, 4, 200)
             sizes.append(log_file.stat().st_size)
         for node in cluster.config.node_ids:
             for gid, g in (await health(cluster, node))["groups"].items():
                 assert g["log_last"] - g["log_start"] <= most, (node, gid, g)
-                assert g["log_start"] > 100, (node, gid, g)
+                assert g["log_start"] >= 60, (node, gid, g)  # compacted again and again
         assert len(await drain(c, q)) == 4 * 150 * 4
     # The file stops growing: deleted entries free pages the next ones reuse.
     assert sizes[-1] <= sizes[1] * 1.2, sizes

@@ -250,6 +250,8 @@ def _member_health(member: Member) -> Response:
             "leader": leader,
             "term": term,
             "applied": node.storage.applied,
+            # Members whose new store this member does not count yet (zdmq/raft/identity.py).
+            "on_probation": sorted(host.on_probation(g)) if host is not None else [],
             "messages": node.state.stored(),
             "queues_owned": len(node.state.meta),
             "counters": dict(node.counters),
