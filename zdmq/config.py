@@ -91,6 +91,12 @@ class Limits:
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     replication: int = 1
+    # With replication: the applied entries each member keeps in a group's Raft log
+    # behind its durable state; it compacts the log once it holds twice as many (0: never).
+    replication_log_entries: int = 10_000
+    # ... and at most this many bytes of entries' data (the bound that matters for large
+    # messages; 0: none).
+    replication_log_bytes: int = 256 << 20
     partitions: int = 256
     data_dir: Path = Path("data")
     durability: Durability = "fsync"
@@ -129,6 +135,8 @@ class ClusterConfig:
         known = {
             "nodes",
             "replication",
+            "replication_log_entries",
+            "replication_log_bytes",
             "partitions",
             "data_dir",
             "durability",
@@ -170,6 +178,8 @@ class ClusterConfig:
         return cls(
             nodes=nodes,
             replication=replication,
+            replication_log_entries=_int(raw, "replication_log_entries", 10_000, 0, 1 << 40),
+            replication_log_bytes=_int(raw, "replication_log_bytes", 256 << 20, 0, 1 << 50),
             partitions=partitions,
             data_dir=data_dir,
             durability=durability,
@@ -210,6 +220,8 @@ class ClusterConfig:
         return {
             "nodes": [{"id": n.id, "host": n.host, "port": n.port} for n in self.nodes],
             "replication": self.replication,
+            "replication_log_entries": self.replication_log_entries,
+            "replication_log_bytes": self.replication_log_bytes,
             "partitions": self.partitions,
             "data_dir": str(self.data_dir),
             "durability": self.durability,

@@ -38,10 +38,12 @@ def session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=_SSL or True))
 
 
-async def replicated(make_cluster: Callable[..., LocalCluster], seen_by: str) -> LocalCluster:
-    """A 4-node cluster with replication 3, once `seen_by` sees every group led by its own
-    node."""
-    cluster = make_cluster(nodes=4, replication=3)
+async def replicated(
+    make_cluster: Callable[..., LocalCluster], seen_by: str, **kw: Any
+) -> LocalCluster:
+    """A 4-node cluster with replication 3 (and `kw` in its cluster.yaml), once `seen_by`
+    sees every group led by its own node."""
+    cluster = make_cluster(nodes=4, replication=3, **kw)
     await wait_until(lambda: leaders_settled(cluster, [seen_by]), timeout_s=15, what="leaders")
     return cluster
 
@@ -257,3 +259,154 @@ async def test_a_call_for_a_group_that_does_not_exist_is_refused(
         async with s.get(url, headers={"zdmq-group": group}) as r:
             assert r.status == 400
             assert (await r.json())["error"]["code"] == "bad_request"
+
+
+# -- compaction and snapshots ------------------------------------------------------------------
+# Groups n1 = {n1, n2, n3}, n2 = {n2, n3, n4}, n3 = {n3, n4, n1}, n4 = {n4, n1, n2}.
+LOG_ENTRIES = 20  # each member compacts at 40 applied entries past the last compaction
+
+
+async def caught_up(cluster: LocalCluster, node: str) -> bool:
+    """`node` holds, in every group it is in, what that group's leader applied."""
+    try:
+        mine = (await health(cluster, node))["groups"]
+        for gid, g in mine.items():
+            lead = (await health(cluster, gid))["groups"][gid]
+            if g["applied"] < lead["applied"] or lead["role"] != "leader":
+                return False
+    except (aiohttp.ClientError, KeyError):
+        return False
+    return True
+
+
+async def push_some(c: Client, q: str, n: int, size: int) -> list[str]:
+    """`n` messages pushed in one call with dedup ids, so a call that failed (a group
+    changing leader: the outcome may be unknown) is sent again and stores them once."""
+    dedup = [unique("d") for _ in range(n)]
+    bodies = [os.urandom(size) for _ in range(n)]
+    for _ in range(10):
+        try:
+            return await c.push_many(q, bodies, dedup_ids=dedup)
+        except ZdmqError:
+            await asyncio.sleep(0.2)
+    raise AssertionError("no leader took the push for 2 s")
+
+
+async def counts(cluster: LocalCluster, node: str, group: str, peer: str) -> bool:
+    """`node` counts `peer`'s votes and acknowledgements in `group` (not on probation)."""
+    try:
+        return peer not in (await health(cluster, node))["groups"][group]["on_probation"]
+    except (aiohttp.ClientError, KeyError):
+        return False
+
+
+@pytest.mark.parametrize("lose_disk", [False, True], ids=["restart", "new-disk"])
+async def test_a_member_behind_the_compacted_log_catches_up_from_a_snapshot(
+    make_cluster: Callable[..., LocalCluster], lose_disk: bool
+) -> None:
+    cluster = await replicated(make_cluster, "n1", replication_log_entries=LOG_ENTRIES)
+    q = unique("snap")
+    async with Client.from_config(cluster.config_path, timeout_s=3) as c:
+        await c.create_queue(q)
+        acked: list[str] = []
+        acked += await c.push_many(q, [os.urandom(64) for _ in range(20)])
+        held = {g: v["log_last"] for g, v in (await health(cluster, "n3"))["groups"].items()}
+        cluster.stop_node("n3")
+        if lose_disk:
+            shutil.rmtree(cluster.config.node_data_dir("n3"))
+
+        async def compacted() -> bool:
+            """Every group n3 is in compacted past what n3 holds (as n1 and n4 see them)."""
+            starts = {
+                g: v["log_start"]
+                for n in ("n1", "n4")
+                for g, v in (await health(cluster, n))["groups"].items()
+                if g in held
+            }
+            return all(starts[g] > held[g] for g in held)
+
+        for _ in range(50):
+            for _ in range(20):
+                acked += await push_some(c, q, 5, 64)
+            if await compacted():
+                break
+        assert await compacted()
+        await asyncio.to_thread(cluster.start_node, "n3")
+        await wait_until(lambda: caught_up(cluster, "n3"), timeout_s=30, what="n3 caught up")
+        await wait_until(lambda: leaders_settled(cluster, ["n3"]), timeout_s=30, what="n3 leads")
+        # n2 counts n3 in group n1 again (its leader n1 lifted n3's probation and told n2).
+        await wait_until(
+            lambda: counts(cluster, "n2", "n1", "n3"), timeout_s=30, what="n2 counts n3"
+        )
+        raft = (await health(cluster, "n3"))["raft"]
+        # A new leader of group n3 took over while n3 was down: n3 cannot catch up on its
+        # log from what that leader kept. A new disk needs a snapshot in each group.
+        assert raft["snapshots_installed"] >= (3 if lose_disk else 1), raft
+        # With n1 down, groups n1 and n3 have a majority only with n3 in it.
+        cluster.kill("n1")
+        got = await drain_acking(c, q, len(acked))
+        await asyncio.to_thread(cluster.start_node, "n1")
+    assert got == set(acked)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "most"),
+    [
+        # At most 2 * LOG_ENTRIES applied entries past the compaction, and a few in flight.
+        ({"replication_log_entries": LOG_ENTRIES}, 2 * LOG_ENTRIES + 10),
+        # Entries of about 1 KB: the byte bound compacts every 64 entries, keeping 8 KB.
+        ({"replication_log_entries": 100_000, "replication_log_bytes": 8_000}, 64 + 10 + 10),
+    ],
+    ids=["entries", "bytes"],
+)
+async def test_the_raft_log_stays_bounded_under_a_long_run(
+    make_cluster: Callable[..., LocalCluster], knobs: dict[str, int], most: int
+) -> None:
+    cluster = await replicated(make_cluster, "n1", **knobs)
+    q = unique("bounded")
+    log_file = cluster.config.node_data_dir("n2") / "raft.sqlite3"
+    sizes: list[int] = []
+    async with Client.from_config(cluster.config_path, timeout_s=3) as c:
+        await c.create_queue(q)
+        for _ in range(4):
+            for _ in range(150):
+                await push_some(c, q, 4, 200)
+            sizes.append(log_file.stat().st_size)
+        for node in cluster.config.node_ids:
+            for gid, g in (await health(cluster, node))["groups"].items():
+                assert g["log_last"] - g["log_start"] <= most, (node, gid, g)
+                assert g["log_start"] >= 60, (node, gid, g)  # compacted again and again
+        assert len(await drain(c, q)) == 4 * 150 * 4
+    # The file stops growing: deleted entries free pages the next ones reuse.
+    assert sizes[-1] <= sizes[1] * 1.2, sizes
+
+
+async def test_the_snapshot_route_takes_only_nodes_and_refuses_what_it_cannot_serve(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    cluster = await replicated(make_cluster, "n1")
+    url = cluster.config.node("n1").url
+    async with session() as s:
+        target = "/v1/internal/snapshots/n1"
+        async with s.get(url + target) as r:  # no node credential
+            assert r.status == 401
+            assert (await r.json())["error"]["code"] == "unauthorized"
+        async with s.get(
+            url + target, headers=node_signed(cluster.config, "n2", "GET", target)
+        ) as r:
+            assert r.status == 200
+            index = int(r.headers["zdmq-snapshot-index"])
+            size = int(r.headers["zdmq-snapshot-size"])
+            body = await r.read()
+        assert index > 0 and int(r.headers["zdmq-snapshot-term"]) > 0
+        assert body[:16] == b"SQLite format 3\x00" and len(body) == size
+        for target, status in [
+            ("/v1/internal/snapshots/n2", 404),  # n1 is not in group n2
+            (f"/v1/internal/snapshots/n1?offset=0&index={index + 1}", 404),  # no such copy
+            (f"/v1/internal/snapshots/n1?offset={size + 1}&index={index}", 400),
+            ("/v1/internal/snapshots/n1?offset=-1", 400),
+        ]:
+            headers = node_signed(cluster.config, "n2", "GET", target)
+            async with s.get(url + target, headers=headers) as r:
+                assert r.status == status, target
+                assert "message" in (await r.json())["error"]

@@ -11,6 +11,7 @@ import pytest
 
 from zdmq.raft import core, sim
 from zdmq.raft.sim import SimConfig, SimFailure
+from zdmq.raft.storage import SnapshotMeta
 
 SEEDS = 400  # per group size: 800 runs, about 10 s
 
@@ -31,6 +32,10 @@ def test_runs_exercise_the_faults_they_claim() -> None:
     assert sum(r.liveness_checked for r in results) > 10
     assert sum(r.partitions for r in results) > 20
     assert sum(r.transfers for r in results) > 5
+    # Logs compacted, followers behind them caught up by snapshots, some crashing mid-way.
+    assert sum(r.compactions for r in results) > 200
+    assert sum(r.snapshots_installed for r in results) > 20
+    assert sum(r.install_crashes for r in results) > 3
     assert sum(r.leaders for r in results) > 100  # terms that had a leader
     assert sum(r.acked for r in results) > 800
     assert all(r.proposed >= r.acked > 0 for r in results)
@@ -54,15 +59,15 @@ def test_a_broken_commit_rule_is_caught_with_a_replay_command(
         return self.log.commit_to(matches[self._quorum() - 1])
 
     monkeypatch.setattr(core.RaftCore, "_maybe_commit", commit_by_counting)
-    # Plain Raft (no lost disks, no guards of new stores), where this seed reaches the
-    # state Figure 8 of the Raft paper describes.
-    cfg = SimConfig(nodes=5, disk_loss=0.0, identity_rule=False)
+    # Plain Raft (no lost disks, no guards of new stores, no compaction), where this seed
+    # reaches the state Figure 8 of the Raft paper describes.
+    cfg = SimConfig(nodes=5, disk_loss=0.0, identity_rule=False, compact_every=(0,))
     with pytest.raises(SimFailure) as e:
         sim.run(234, cfg)
     assert "over the committed" in str(e.value)
     assert (
         "python -m zdmq.raft.sim --seed 234 --steps 400 --nodes 5 --disk-loss 0.0 "
-        "--no-identity-rule"
+        "--no-compaction --no-identity-rule"
     ) in str(e.value)
 
 
@@ -113,3 +118,27 @@ def test_a_long_soak_of_many_seeds_and_steps(nodes: int) -> None:
     for seed in range(10_000, 13_000):
         print(f"seed {seed}, {nodes} nodes, 1500 steps")
         sim.run(seed, SimConfig(nodes=nodes, steps=1500))
+
+
+def test_a_restore_that_resets_the_log_whatever_it_holds_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No check of the commit index, no keeping a log that holds the snapshot's entry: a
+    # snapshot older than what the node committed takes its place.
+    def restore_anything(
+        self: core.RaftCore, index: int, term: int, leader: str | None = None
+    ) -> bool:
+        if self.role is not core.Role.FOLLOWER:
+            return False
+        log = self.log
+        log.unstable, log.offset = [], index + 1
+        log.restored = SnapshotMeta(index, term)
+        log.committed = log.applied = index
+        self._persisted_hard = self._persisted_hard._replace(commit=index)
+        if leader is not None:
+            self._send(core.MsgType.APPEND_RESP, leader, index=index)
+        return True
+
+    monkeypatch.setattr(core.RaftCore, "restore", restore_anything)
+    with pytest.raises(AssertionError):
+        sim.run(28, SimConfig(nodes=3))

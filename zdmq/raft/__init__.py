@@ -10,7 +10,14 @@ node on asyncio, persisting their `Ready`s together and batching their messages 
 """
 
 from zdmq.raft.core import Message, MsgType, NotLeader, Progress, RaftCore, Ready, Role
-from zdmq.raft.storage import Entry, HardState, MemoryStorage, Storage, WritableStorage
+from zdmq.raft.storage import (
+    Entry,
+    HardState,
+    MemoryStorage,
+    SnapshotMeta,
+    Storage,
+    WritableStorage,
+)
 
 __all__ = [
     "Entry",
@@ -23,6 +30,7 @@ __all__ = [
     "RaftCore",
     "Ready",
     "Role",
+    "SnapshotMeta",
     "Storage",
     "WritableStorage",
 ]

@@ -58,8 +58,22 @@ Members whose storage may be new (see zdmq/raft/identity.py for the rule that se
       log back thus vouches only for a candidate holding all it was told is
       committed. `proven` and `told` are tracked with the guard off too.
 
-Not built yet: snapshots and log compaction (the log grows without bound), membership
-changes (the peer set is fixed at construction), learners, and linearizable reads.
+Log compaction and snapshots (Raft section 7, as etcd-io/raft does them):
+  * The driver compacts the log (`Storage.compact`) up to an index its state machine
+    holds durably; the core reads where the log starts from `Storage.snapshot()`.
+  * A leader that must send a follower entries it has compacted sends `SNAPSHOT`
+    instead (the index and term its log starts after), and waits for the follower's
+    answer (at most one a heartbeat). The follower's core does not hold the state: it
+    records the request (`take_snapshot_request`), its driver pulls a snapshot of the
+    state from the leader and calls `restore(index, term)`. A snapshot at or below the
+    commit index is stale and ignored; one whose entry this log holds at the same term
+    only moves the commit index (the log goes on from there); otherwise the core drops
+    its log, starts it after the snapshot, answers the leader as to an append up to
+    the snapshot's index, and the driver installs the state and resets the stored log
+    (`Storage.restore`) before the core takes another input.
+
+Not built yet: membership changes (the peer set is fixed at construction), learners,
+and linearizable reads.
 """
 
 from __future__ import annotations
@@ -70,7 +84,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from zdmq.raft.identity import judge_ack
-from zdmq.raft.storage import Entry, HardState, Storage
+from zdmq.raft.storage import Entry, HardState, SnapshotMeta, Storage
 
 __all__ = [
     "Message",
@@ -105,6 +119,8 @@ class MsgType(enum.Enum):
     HEARTBEAT = "heartbeat"
     HEARTBEAT_RESP = "heartbeat_resp"
     TIMEOUT_NOW = "timeout_now"
+    #: The leader compacted the entries this follower needs: install a snapshot.
+    SNAPSHOT = "snapshot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +133,8 @@ class Message:
       * APPEND_RESP: accepted, the follower's last matching index; rejected, the `index`
         of the APPEND it rejects, with the hint in `reject_hint` and `log_term` (the
         follower's term at the hint).
+      * SNAPSHOT: the index and term the leader's log starts after (what the snapshot
+        the follower pulls holds at least).
     """
 
     type: MsgType
@@ -191,6 +209,13 @@ class _Log:
     unstable: list[Entry] = field(default_factory=list)
     committed: int = 0
     applied: int = 0
+    #: The snapshot this core restored, until the storage holds it too.
+    restored: SnapshotMeta = field(default_factory=SnapshotMeta)
+
+    def snapshot(self) -> SnapshotMeta:
+        """Where the log starts: the entries up to this index are compacted."""
+        stored = self.storage.snapshot()
+        return stored if stored.index >= self.restored.index else self.restored
 
     def last_index(self) -> int:
         return self.offset + len(self.unstable) - 1
@@ -199,17 +224,20 @@ class _Log:
         return self.term_at(self.last_index())
 
     def term_at(self, index: int) -> int:
-        """The term at `index`, or -1 past the end of the log."""
+        """The term at `index`, or -1 past the end of the log or before its snapshot."""
         if index >= self.offset:
             i = index - self.offset
             return self.unstable[i].term if i < len(self.unstable) else -1
+        snap = self.snapshot()
+        if index <= snap.index:
+            return snap.term if index == snap.index else -1
         return self.storage.term_at(index)
 
     def matches(self, index: int, term: int) -> bool:
         return self.term_at(index) == term
 
     def slice(self, lo: int, hi: int) -> list[Entry]:
-        """Entries lo..hi-1."""
+        """Entries lo..hi-1 (after the snapshot)."""
         out: list[Entry] = []
         if lo < self.offset:
             out = self.storage.entries(lo, min(hi, self.offset))
@@ -236,9 +264,11 @@ class _Log:
         return 0
 
     def hint_at_or_before(self, index: int, term: int) -> int:
-        """The largest index <= `index` whose term is <= `term` (etcd's findConflictByTerm)."""
+        """The largest index <= `index` whose term is <= `term` (etcd's findConflictByTerm),
+        not looking past the snapshot (whose entries are committed: the leader has them)."""
         index = min(index, self.last_index())
-        while index > 0 and self.term_at(index) > term:
+        floor = self.snapshot().index
+        while index > floor and self.term_at(index) > term:
             index -= 1
         return index
 
@@ -304,7 +334,7 @@ class RaftCore:
         self.log = _Log(storage, offset=storage.last_index() + 1)
         assert hard.commit <= self.log.last_index()
         self.log.committed = hard.commit
-        assert applied <= hard.commit, (applied, hard.commit)
+        assert storage.snapshot().index <= applied <= hard.commit, (applied, hard.commit)
         self.log.applied = applied
         self._persisted_hard = hard
         self.role = Role.FOLLOWER
@@ -319,6 +349,8 @@ class RaftCore:
         # As follower: the index up to which an append of this term showed this log to
         # match the leader's (a heartbeat's commit is taken only up to there).
         self._matched = 0
+        # As follower: the leader's last SNAPSHOT request not yet taken by the driver.
+        self._snapshot_request: Message | None = None
         #: Peers whose votes and acknowledgements are not counted (set by the driver).
         self.probation: frozenset[str] = frozenset()
         self.store_guard = store_guard
@@ -375,6 +407,42 @@ class RaftCore:
         if self.role is Role.LEADER and peer in self.progress and peer != self.id:
             old = self.progress[peer]
             self.progress[peer] = Progress(next=self.log.last_index() + 1, active=old.active)
+
+    def take_snapshot_request(self) -> Message | None:
+        """The leader's latest request (a `SNAPSHOT` message) that this follower install
+        a snapshot, once: its driver pulls the snapshot from `src` and calls `restore`."""
+        m, self._snapshot_request = self._snapshot_request, None
+        return m
+
+    def restore(self, index: int, term: int, leader: str | None = None) -> bool:
+        """A snapshot of the group's state at (`index`, `term`), committed, is here.
+
+        Returns True when the driver must install it: the core dropped its log, which
+        now starts after `index` (committed and applied up to it), and answers `leader`
+        (if given) as to an append up to `index`; before the core takes another input
+        the driver installs the state and calls `Storage.restore`. Returns False when
+        there is nothing to install: the snapshot is stale (at or below the commit
+        index), or this log holds its entry at the same term (it only moves the commit
+        index; the entries apply from the log), or this core is not a follower (it has
+        started an election since it asked)."""
+        log = self.log
+        if index <= log.committed or self.role is not Role.FOLLOWER:
+            return False
+        if log.matches(index, term):
+            log.commit_to(index)
+            if leader is not None:
+                self._send(MsgType.APPEND_RESP, leader, index=index)
+            return False
+        log.unstable = []
+        log.offset = index + 1
+        log.restored = SnapshotMeta(index, term)
+        log.committed = log.applied = index
+        self._matched = max(self._matched, index)
+        # The storage holds (term, vote, index) once the driver restores it.
+        self._persisted_hard = self._persisted_hard._replace(commit=index)
+        if leader is not None:
+            self._send(MsgType.APPEND_RESP, leader, index=index)
+        return True
 
     def append_empty(self) -> int:
         """As leader, appends an empty entry (as at the start of a term), so the commit
@@ -450,12 +518,12 @@ class RaftCore:
                     return  # a leader was heard from recently: no election now
             if m.type is MsgType.PRE_VOTE or (m.type is MsgType.PRE_VOTE_RESP and not m.reject):
                 pass  # a PreVote round never changes anyone's term
-            elif m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+            elif m.type in (MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT):
                 self._become_follower(m.term, m.src)
             else:
                 self._become_follower(m.term, None)
         elif m.term < self.term:
-            if m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+            if m.type in (MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT):
                 # A stale leader: tell it the term so it steps down.
                 self._send(MsgType.APPEND_RESP, m.src)
             elif m.type is MsgType.PRE_VOTE:
@@ -627,13 +695,22 @@ class RaftCore:
             self.log.commit_to(min(m.commit, matched))
             self._heard_commit(m)
             self._send(MsgType.HEARTBEAT_RESP, m.src, reject=m.commit > matched)
+        elif m.type is MsgType.SNAPSHOT:
+            self._election_elapsed = 0
+            self.leader = m.src
+            self._heard_commit(m)
+            if m.index <= self.log.committed:
+                # Held already (a late request): answer as to an append.
+                self._send(MsgType.APPEND_RESP, m.src, index=self.log.committed)
+            else:
+                self._snapshot_request = m
         elif m.type is MsgType.TIMEOUT_NOW and self._vouches_for(
             self.log.last_index(), self.log.last_term()
         ):
             self._become_candidate(force=True)
 
     def _step_candidate(self, m: Message) -> None:
-        if m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+        if m.type in (MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT):
             # A leader of this term exists (for a pre-candidate: of this term or later).
             self._become_follower(m.term, m.src)
             self._step_follower(m)
@@ -753,6 +830,9 @@ class RaftCore:
         pr = self.progress[to]
         if pr.probing and pr.paused:
             return
+        if pr.next <= self.log.snapshot().index:
+            self._send_snapshot(to, pr)
+            return
         last = self.log.last_index()
         hi = min(last + 1, pr.next + self.max_entries_per_msg)
         entries = tuple(self.log.slice(pr.next, hi))
@@ -782,6 +862,17 @@ class RaftCore:
             pr.paused = True
         elif entries:
             pr.next = entries[-1].index + 1
+
+    def _send_snapshot(self, to: str, pr: Progress) -> None:
+        """The entries `to` needs are compacted: ask it to install a snapshot. Sent like
+        a probe (one until it answers; a heartbeat's answer sends it again, so a lost
+        request or a failed install is retried every heartbeat)."""
+        snap = self.log.snapshot()
+        self._send(
+            MsgType.SNAPSHOT, to, index=snap.index, log_term=snap.term, commit=self.log.committed
+        )
+        pr.probing = True
+        pr.paused = True
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -61,6 +61,22 @@ leadership to it (`transfer_leadership`) once the preferred node is caught up (i
 matched index is the leader's last) and was heard from in the current quorum round. So
 leadership spreads one group per node and comes back to a node that restarts.
 
+Compaction and snapshots (given `snapshots`, the state machine's side, and
+`compact_entries`). At the start of a pump round, a group whose log holds
+2 * `compact_entries` applied entries past its last compaction (or, with
+`compact_bytes`, entries holding 2 * `compact_bytes` bytes of data, once at least 64
+are applied) has its state made durable (`snapshots.checkpoint`: the state file is not
+fsynced as it is applied), and its log compacted up to `compact_entries` entries short
+of the index that checkpoint returned (fewer if those hold more than `compact_bytes`),
+so a follower a little behind still catches up from the log. A follower
+whose core asks for a snapshot (the leader compacted what it needs) pulls one from that
+leader (`snapshots.pull`, a task beside the pump, one per group at a time); at the next
+round the core decides (`RaftCore.restore`): a stale snapshot is dropped, otherwise the
+host installs the state (`snapshots.install`: the state file replaced atomically) and
+then resets the stored log after it (`GroupLog.restore`), before the core takes another
+input. A crash between the two leaves a state ahead of the log, which the state
+machine's owner resets at start (zdmq/server/replicas.py): the state, never a mix.
+
 An `apply` that raises is a bug in the state machine: the host logs it, marks itself
 failed (`failed`) and stops; it never skips an entry. A storage failure stops it the
 same way.
@@ -75,7 +91,9 @@ import random
 import re
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgpack
 
@@ -84,13 +102,15 @@ from zdmq.errors import BadRequest, NodeUnavailable
 from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
 from zdmq.raft.identity import LiftReport, report_current
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
-from zdmq.raft.storage import Entry
+from zdmq.raft.storage import Entry, SnapshotMeta
 
 __all__ = [
     "RAFT_PATH",
     "BadRaftPayload",
+    "PulledSnapshot",
     "RaftHost",
     "RaftHostStopped",
+    "SnapshotHooks",
     "UnknownGroup",
     "decode_messages",
     "decode_payload",
@@ -333,6 +353,47 @@ def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: flo
     return send
 
 
+# ---- snapshots ------------------------------------------------------------------------------
+
+# Applied entries past the last compaction below which the byte bound does not compact
+# (each compaction costs a checkpoint of the state, an fsync or two).
+_MIN_COMPACTION = 64
+
+
+@dataclass(frozen=True, slots=True)
+class PulledSnapshot:
+    """A snapshot of `group`'s state pulled from `src` into the local file `path`,
+    holding the log up to `index` (an entry of `term`)."""
+
+    group: str
+    src: str
+    index: int
+    term: int
+    path: Path
+
+
+class SnapshotHooks(Protocol):
+    """The state machine's side of compaction and snapshots (zdmq/server/replicas.py)."""
+
+    def checkpoint(self, group: str) -> int:
+        """Makes `group`'s state durable; returns the log index it now holds durably
+        (0: none, nothing is compacted)."""
+        ...
+
+    async def pull(self, group: str, src: str) -> PulledSnapshot:
+        """Copies `src`'s snapshot of `group` into a local file (synced); raises if it
+        cannot."""
+        ...
+
+    async def install(self, snap: PulledSnapshot) -> None:
+        """Replaces `group`'s state with the snapshot, atomically, and reloads it."""
+        ...
+
+    def discard(self, snap: PulledSnapshot) -> None:
+        """Deletes a pulled snapshot that is not installed."""
+        ...
+
+
 # ---- the host -------------------------------------------------------------------------------
 
 
@@ -398,6 +459,9 @@ class RaftHost:
         max_payload_bytes: int = 4 * 1024 * 1024,
         max_inbox: int = 100_000,
         report_ticks: int = 3000,
+        snapshots: SnapshotHooks | None = None,
+        compact_entries: int = 0,
+        compact_bytes: int = 0,
     ) -> None:
         assert tick_s > 0 and transfer_check_ticks >= 1
         self.node_id = node_id
@@ -411,6 +475,14 @@ class RaftHost:
         self.max_payload_bytes = max_payload_bytes
         self.max_inbox = max_inbox
         self.report_ticks = report_ticks
+        self._snapshots = snapshots
+        #: Applied entries a compaction keeps behind the durable state (0: never compacts).
+        self.compact_entries = compact_entries if snapshots is not None else 0
+        #: The data bytes a compaction keeps at most behind the durable state (0: no bound).
+        self.compact_bytes = compact_bytes
+        # Group -> the pull of a snapshot in flight; the pulls done, for the next round.
+        self._pulling: dict[str, asyncio.Task[None]] = {}
+        self._pulled: dict[str, PulledSnapshot] = {}
         rng = rng if rng is not None else random.Random()
         applied = applied or {}
         self.members: dict[str, tuple[str, ...]] = {}
@@ -488,6 +560,10 @@ class RaftHost:
                 "replaced_peers",  # a peer seen with a new store identity
                 "probations_lifted",
                 "probations_lifted_by_report",  # lifted on its leader's report
+                "compactions",  # a group's log compacted
+                "snapshot_pulls_failed",
+                "snapshots_installed",
+                "snapshots_dropped",  # pulled, found stale when it arrived
             ),
             0,
         )
@@ -528,6 +604,7 @@ class RaftHost:
                     await peer.task
             peer.queue.clear()
             peer.queued_bytes = 0
+        await self._stop_pulls()
         self._fail_all(RaftHostStopped(f"the Raft host of {self.node_id} is stopped"))
 
     def _fail_all(self, exc: Exception) -> None:
@@ -692,7 +769,10 @@ class RaftHost:
         assert wake is not None
         while self.running:
             wake.clear()
+            if self._pulled or self.compact_entries:
+                await self._snapshot_round()
             self._feed()
+            self._start_pulls()
             work: list[tuple[str, RaftCore, Ready]] = [
                 (gid, core, core.ready()) for gid, core in self._cores.items() if core.has_ready()
             ]
@@ -778,6 +858,107 @@ class RaftHost:
             if self._ticked % self.transfer_check_ticks == 0:
                 self._hand_to_preferred()
         self._check_pending()
+
+    # -- compaction and snapshots ---------------------------------------------------------
+
+    def log_bounds(self, group: str) -> tuple[int, int]:
+        """(the index `group`'s log is compacted up to, its last index)."""
+        glog = self._logs[group]
+        return glog.snapshot().index, glog.last_index()
+
+    def _start_pulls(self) -> None:
+        """Starts pulling a snapshot for each core that asked for one (one pull per group
+        at a time; a core asks again every heartbeat until it is caught up)."""
+        if self._snapshots is None:
+            return
+        for gid, core in self._cores.items():
+            req = core.take_snapshot_request()
+            if req is None or gid in self._pulling or gid in self._pulled:
+                continue
+            log.info("%s pulls a snapshot of group %s from %s", self.node_id, gid, req.src)
+            self._pulling[gid] = asyncio.create_task(self._pull(gid, req.src))
+
+    async def _pull(self, gid: str, src: str) -> None:
+        hooks = self._snapshots
+        assert hooks is not None
+        try:
+            snap = await hooks.pull(gid, src)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.counters["snapshot_pulls_failed"] += 1
+            log.warning(
+                "%s: pulling group %s's snapshot from %s failed: %r", self.node_id, gid, src, e
+            )
+        else:
+            if self.running:
+                self._pulled[gid] = snap
+                self._wakeup()
+            else:
+                hooks.discard(snap)
+        finally:
+            self._pulling.pop(gid, None)
+
+    async def _stop_pulls(self) -> None:
+        for task in list(self._pulling.values()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._snapshots is not None:
+            for snap in self._pulled.values():
+                self._snapshots.discard(snap)
+        self._pulled.clear()
+
+    async def _snapshot_round(self) -> None:
+        """(In the pump, between rounds.) Installs the snapshots pulled (or drops the
+        stale ones), then compacts the logs that grew past the threshold."""
+        hooks = self._snapshots
+        assert hooks is not None
+        pulled, self._pulled = self._pulled, {}
+        for gid, snap in pulled.items():
+            core = self._cores[gid]
+            if not core.restore(snap.index, snap.term, snap.src):
+                self.counters["snapshots_dropped"] += 1
+                hooks.discard(snap)
+                continue
+            # The state first, then the log: a crash between leaves the state ahead of
+            # the log, which the state's owner resets at start (never a mix).
+            await hooks.install(snap)
+            await asyncio.to_thread(self._logs[gid].restore, SnapshotMeta(snap.index, snap.term))
+            self.counters["snapshots_installed"] += 1
+            log.info(
+                "%s installed %s's snapshot of group %s at %d",
+                self.node_id,
+                snap.src,
+                gid,
+                snap.index,
+            )
+        keep, keep_bytes = self.compact_entries, self.compact_bytes
+        if not keep:
+            return
+        for gid, core in self._cores.items():
+            glog = self._logs[gid]
+            start = glog.snapshot().index
+            applied = core.log.applied - start
+            by_bytes = (
+                keep_bytes and applied >= _MIN_COMPACTION and (glog.data_bytes() >= 2 * keep_bytes)
+            )
+            if applied < 2 * keep and not by_bytes:
+                continue
+            durable = min(hooks.checkpoint(gid), core.log.applied, glog.hard_state().commit)
+            if await asyncio.to_thread(self._compact, glog, durable, start):
+                self.counters["compactions"] += 1
+
+    def _compact(self, glog: GroupLog, durable: int, start: int) -> bool:
+        """(In a worker thread, in the pump.) Compacts `glog` up to `compact_entries`
+        entries short of `durable`, or further if those hold more than `compact_bytes`."""
+        upto = durable - self.compact_entries
+        if self.compact_bytes:
+            upto = max(upto, glog.keep_from(durable, self.compact_bytes) - 1)
+        if upto <= start:
+            return False
+        glog.compact(upto)
+        return True
 
     def _seen(self, peer: str, identity: str) -> None:
         """A payload from `peer` with another store identity than the one recorded."""

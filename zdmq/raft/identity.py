@@ -48,6 +48,15 @@ majority that left it. When a quiet group has nothing to commit, the leader appe
 empty entry once the peer holds its whole log ("nudge"), so the lift does not wait for
 traffic. A lift lost in a crash only means probation again.
 
+Snapshots. A new store whose leader has compacted its log catches up from a snapshot of
+the group's state (zdmq/raft/core.py) before the log. A snapshot holds committed entries
+only, up to its index, and a follower acknowledges it only once it is installed (the state
+file synced and renamed, the log reset after it): that acknowledgement, an accepted append
+up to the snapshot's index in the leader's term, says what an acknowledgement of those
+entries would, so `judge_ack` takes it like any other. A store caught up by a snapshot is
+thus caught up as of the snapshot's index, and its probation lifts once it acknowledges
+the leader's commit index of its own term (usually with the entries after the snapshot).
+
 Lift reports (`LiftReport`, `report_current`, `PeerBook.lift_reported`). A node that
 lifts a probation, itself or on a report, records the peer's store as *cleared* in that
 group (`PeerBook.cleared`, durable). A leader of group g in term U reports to g's

@@ -31,6 +31,17 @@ still starts over with a replaced follower, the mechanics of catching a new disk
 as hosts without the rule would, and some seeds then lose a committed entry: see
 `DISK_LOSS_WITHOUT_RULE`.
 
+Compaction and snapshots: each node keeps a durable copy of its state machine (the
+entries it applied, up to an index: what `group-<g>.sqlite3` is to a real member) and,
+every few applied entries (a small threshold each seed draws, or never), checkpoints it
+there and compacts its log up to a few entries short of it. A follower the leader asks
+for a snapshot (`take_snapshot_request`) pulls the leader's applied state a few steps
+later (failing if the leader is down or cut off by then: the leader asks again),
+installs it as `RaftHost` does (the state first, then the log reset, `restore`) and may
+crash between the two: it then restarts with its state ahead of its log, and resets the
+log after the state's index as the host does at start. Every entry a snapshot carries
+is checked against the committed ones, and against what the node had applied already.
+
 Checked all along: at most one leader per term; a node's term never goes back and its
 vote never changes within a term on disk; a committed entry never changes (same index,
 same term and data on every node that has it committed, checked as each node's commit
@@ -59,7 +70,7 @@ from typing import Any
 
 from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
 from zdmq.raft.identity import LiftReport, PeerBook, report_current
-from zdmq.raft.storage import Entry, MemoryStorage, WritableStorage
+from zdmq.raft.storage import Entry, MemoryStorage, SnapshotMeta, WritableStorage
 
 __all__ = ["DiskOpener", "SimConfig", "SimFailure", "SimResult", "main", "run"]
 
@@ -69,7 +80,7 @@ DiskOpener = Callable[[str, bool], WritableStorage]
 
 #: A seed that loses a committed entry to a disk loss when the identity rule is off
 #: (3 nodes, the default config): `python -m zdmq.raft.sim --seed N --no-identity-rule`.
-DISK_LOSS_WITHOUT_RULE = 2
+DISK_LOSS_WITHOUT_RULE = 11
 
 #: The default chance that a crash also loses the node's disk (the most a seed draws).
 DISK_LOSS = 0.3
@@ -120,6 +131,14 @@ class SimConfig:
     max_entries_per_msg: tuple[int, ...] = (1, 2, 3, 64)
     #: Steps the healed group gets to converge.
     heal_steps: int = 1500
+    #: Applied entries past the last compaction at which a node compacts (0: never); a
+    #: seed draws one, and the entries it keeps behind its applied index.
+    compact_every: tuple[int, ...] = (0, 2, 4, 8)
+    keep_entries: tuple[int, ...] = (0, 1, 3)
+    #: The chance a node crashes in the middle of installing a snapshot.
+    install_crash: float = 0.2
+    #: Steps a snapshot takes to arrive from the leader.
+    fetch_steps: tuple[int, int] = (1, 6)
 
     def draw(self, rng: random.Random) -> SimConfig:
         """This config with every fault rate drawn in [0, rate] (one seed's mix)."""
@@ -145,6 +164,9 @@ class SimResult:
     applied: int = 0
     messages: int = 0
     steps_to_converge: int = 0
+    compactions: int = 0
+    snapshots_installed: int = 0
+    install_crashes: int = 0
     #: Whether the run checked that the group elects without its leader after healing.
     liveness_checked: bool = False
 
@@ -169,6 +191,10 @@ class _Node:
     lose_disk: bool = False
     #: While recovering from a lost disk: the commit index it must reach.
     recover_to: int | None = None
+    #: The state machine as last made durable: (index, term, the entries applied).
+    state: tuple[int, int, tuple[Entry, ...]] = (0, 0, ())
+    #: A snapshot being pulled: (the step it arrives, the node it comes from).
+    fetch: tuple[int, str] | None = None
 
 
 class _Sim:
@@ -204,6 +230,11 @@ class _Sim:
         self.acked: set[bytes] = set()
         self.result = SimResult(seed)
         self.batch = cfg.max_entries_per_msg[0]
+        # Compaction draws from its own stream too: a seed that never compacts runs as
+        # it would without it.
+        self.snap_rng = random.Random(f"{seed}/snapshots")
+        self.compact_every = self.snap_rng.choice(cfg.compact_every)
+        self.keep = self.snap_rng.choice(cfg.keep_entries)
         for n in self.nodes.values():
             self._start(n)
 
@@ -297,6 +328,7 @@ class _Sim:
             if n.core is None and self.now >= n.down_until:
                 self._start(n)
         self._deliver()
+        self._snapshots()
         for n in self._running():
             assert n.core is not None
             n.core.tick()
@@ -381,6 +413,14 @@ class _Sim:
             n.identity = f"{n.id}.{n.starts}"
             n.book = PeerBook()
             n.proven, n.told = False, (0, 0)
+        if lost:
+            n.state = (0, 0, ())
+        n.fetch = None
+        index, term, data = n.state
+        if index > n.disk.hard_state().commit:
+            # An install crashed after the state, before the log: the log starts after it.
+            n.disk.restore(SnapshotMeta(index, term))
+            self._log(f"{n.id} finishes installing the snapshot at {index}")
         rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
         n.core = RaftCore(
             n.id,
@@ -392,11 +432,12 @@ class _Sim:
             store_guard=self.cfg.identity_rule,
             proven=n.proven,
             told=n.told,
+            applied=index,
         )
         if self.cfg.identity_rule:
             n.core.probation = n.book.on_probation(GROUP, self.ids)
-        n.applied = []  # the state machine is rebuilt from the log
-        n.checked = 0
+        n.applied = list(data)  # the durable state; the log re-applies what follows
+        n.checked = index
         if n.starts > 1:
             self._log(f"{n.id} restarts at term {n.core.term} with {n.disk.last_index()} entries")
 
@@ -562,6 +603,71 @@ class _Sim:
             for e in log.slice(n.checked + 1, log.committed + 1):
                 self._check_committed(n, e, "commits")
             n.checked = log.committed
+        if rd.committed:
+            self._maybe_compact(n)
+
+    def _maybe_compact(self, n: _Node) -> None:
+        """Checkpoints the state machine and compacts the log, every `compact_every`
+        applied entries, keeping `keep` entries behind the applied index."""
+        every = self.compact_every
+        snap = n.disk.snapshot().index
+        applied = len(n.applied)
+        if not every or applied - snap < every + self.keep:
+            return
+        n.state = (applied, n.applied[-1].term, tuple(n.applied))  # durable at `applied`
+        upto = applied - self.keep
+        if upto > snap:
+            n.disk.compact(upto)
+            self.result.compactions += 1
+            self._log(f"{n.id} compacts its log up to {upto}")
+
+    def _snapshots(self) -> None:
+        """Takes the leaders' snapshot requests, and installs the snapshots that arrive."""
+        for n in self._running():
+            core = n.core
+            assert core is not None
+            req = core.take_snapshot_request()
+            if req is not None and n.fetch is None:
+                n.fetch = (self.now + self.snap_rng.randint(*self.cfg.fetch_steps), req.src)
+                self._log(f"{n.id} pulls a snapshot from {req.src} (its log starts at {req.index})")
+        for n in self._running():
+            if n.fetch is not None and n.fetch[0] <= self.now:
+                src = self.nodes[n.fetch[1]]
+                n.fetch = None
+                self._install(n, src)
+
+    def _install(self, n: _Node, src: _Node) -> None:
+        """`n` gets `src`'s applied state, if `src` is up and reachable: what
+        `Member.install_snapshot` and the host's install do, with a crash in between."""
+        cut = self.groups is not None and self.groups[n.id] != self.groups[src.id]
+        if src.core is None or self.now < src.paused_until or cut or not src.applied:
+            self._log(f"{n.id} fails to pull a snapshot from {src.id}")
+            return
+        data = tuple(src.applied)
+        index, term = len(data), data[-1].term
+        core = n.core
+        assert core is not None
+        if not core.restore(index, term, src.id):
+            self._log(f"{n.id} has no use for {src.id}'s snapshot at {index}")
+            self._check_leader(n)
+            return
+        if data[: len(n.applied)] != tuple(n.applied):
+            self._fail(f"{n.id} installs a snapshot at {index} unlike what it applied")
+        for e in data:
+            self._check_committed(n, e, "installs")
+        n.state = (index, term, data)  # 1. the state, made durable
+        if self.snap_rng.random() < self.cfg.install_crash:
+            n.core = None
+            n.down_until = self.now + self.snap_rng.randint(*self.cfg.down_steps)
+            self.result.crashes += 1
+            self.result.install_crashes += 1
+            self._log(f"{n.id} crashes installing the snapshot at {index}")
+            return
+        n.disk.restore(SnapshotMeta(index, term))  # 2. the log starts after it
+        n.applied = list(data)
+        n.checked = max(n.checked, index)
+        self.result.snapshots_installed += 1
+        self._log(f"{n.id} installs {src.id}'s snapshot at {index} (term {term})")
 
     # -- invariants -------------------------------------------------------------------
 
@@ -590,7 +696,7 @@ class _Sim:
             if n.core is None:
                 continue
             log = n.core.log
-            for e in log.slice(1, log.committed + 1):
+            for e in log.slice(log.snapshot().index + 1, log.committed + 1):
                 known = self.committed.get(e.index)
                 if known is not None and known != (e.term, e.data):
                     self._fail(f"{n.id} holds {e} committed, not the committed {known}")
@@ -635,6 +741,8 @@ def replay_command(seed: int, cfg: SimConfig) -> str:
     cmd = f"python -m zdmq.raft.sim --seed {seed} --steps {cfg.steps} --nodes {cfg.nodes}"
     if cfg.disk_loss != DISK_LOSS:
         cmd += f" --disk-loss {cfg.disk_loss}"
+    if cfg.compact_every == (0,):
+        cmd += " --no-compaction"
     return cmd if cfg.identity_rule else cmd + " --no-identity-rule"
 
 
@@ -670,6 +778,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DISK_LOSS,
         help="the chance a crash also loses the disk (the most a seed draws)",
     )
+    ap.add_argument(
+        "--no-compaction",
+        dest="compaction",
+        action="store_false",
+        help="nodes never compact their logs (so no snapshots either)",
+    )
     args = ap.parse_args(argv)
     cfg = SimConfig(
         nodes=args.nodes,
@@ -677,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
         identity_rule=args.identity_rule,
         disk_loss=args.disk_loss,
     )
+    if not args.compaction:
+        cfg = replace(cfg, compact_every=(0,))
     for seed in range(args.seed, args.seed + args.seeds):
         try:
             r = run(seed, cfg, print if args.trace else None)
@@ -688,6 +804,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({r.disk_losses} with a lost disk), "
             f"{r.partitions} partitions, {r.acked}/{r.proposed} proposals acknowledged, "
             f"{r.applied} entries applied, {r.messages} messages, "
+            f"{r.compactions} compactions, {r.snapshots_installed} snapshots installed "
+            f"({r.install_crashes} crashes installing), "
             f"converged {r.steps_to_converge} steps after healing"
         )
     return 0

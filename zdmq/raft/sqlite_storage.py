@@ -26,6 +26,7 @@ Tables (named raft_* so they can share a file with the node's other tables):
     raft_meta        key -> value; `identity`, a random id written when the file is created
     raft_hard_state  group -> term, vote, commit
     raft_log         (group, index) -> term, data
+    raft_snapshot    group -> index, term: the log's compacted prefix (entries after it only)
     raft_peers       peer -> identity: the store identity last seen from each peer
     raft_probation   (group, peer) -> since: peers on probation here (zdmq/raft/identity.py)
     raft_cleared     (group, peer) -> identity: peer stores whose probation was lifted here
@@ -36,7 +37,12 @@ each group keeps its hard state and last index, its log's terms as runs (the fir
 of each run of equal terms: a handful per group, so `term_at` of any index is a bisect),
 and the entries of the log's tail (the last `tail_entries`). Only `entries` reaching
 below the tail reads the file. Opening a group scans its log's terms once, to build the
-runs: until snapshots bound the log, that is linear in its length.
+runs: linear in the entries kept since the last compaction.
+
+`compact(index)` deletes a group's entries up to `index` and records it (and its term)
+in `raft_snapshot`; `restore(meta)` deletes them all, for a snapshot installed from the
+leader. Deleted rows free pages SQLite reuses for new entries, so a log compacted as it
+grows keeps the file about the size of its largest uncompacted stretch.
 
 `store.identity` tells a node that lost its disk (a new, empty file has a new identity)
 from one that restarted with its log.
@@ -56,7 +62,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from zdmq.raft.identity import PeerBook
-from zdmq.raft.storage import Entry, HardState
+from zdmq.raft.storage import Entry, HardState, SnapshotMeta
 
 if TYPE_CHECKING:
     from zdmq.raft.core import Ready
@@ -89,6 +95,11 @@ CREATE TABLE IF NOT EXISTS raft_log (
 CREATE TABLE IF NOT EXISTS raft_peers (
     peer TEXT PRIMARY KEY,
     identity TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS raft_snapshot (
+    grp TEXT PRIMARY KEY,
+    idx INTEGER NOT NULL,
+    term INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS raft_self (
     grp TEXT PRIMARY KEY,
@@ -341,10 +352,12 @@ class GroupLog:
     """One group's hard state and log: the core's `Storage`, and its driver's writes."""
 
     __slots__ = (
+        "_bytes",
         "_hard",
         "_last",
         "_run_starts",
         "_run_terms",
+        "_snap",
         "_store",
         "_tail",
         "_tail_start",
@@ -355,7 +368,9 @@ class GroupLog:
         self._store = store
         self.group_id = group_id
         self._hard = HardState()
+        self._snap = SnapshotMeta()
         self._last = 0
+        self._bytes = 0  # the entries' data bytes
         # Runs of equal terms: the run k covers indices _run_starts[k] up to the next start.
         self._run_starts: list[int] = []
         self._run_terms: list[int] = []
@@ -370,11 +385,14 @@ class GroupLog:
             "SELECT term, vote, commit_index FROM raft_hard_state WHERE grp = ?", (gid,)
         ).fetchone()
         self._hard = HardState(*row) if row else HardState()
+        row = conn.execute("SELECT idx, term FROM raft_snapshot WHERE grp = ?", (gid,)).fetchone()
+        self._snap = SnapshotMeta(*row) if row else SnapshotMeta()
         starts: list[int] = []
         terms: list[int] = []
-        last = 0
-        for idx, term in conn.execute(
-            "SELECT idx, term FROM raft_log WHERE grp = ? ORDER BY idx", (gid,)
+        last = self._snap.index
+        size = 0
+        for idx, term, n in conn.execute(
+            "SELECT idx, term, length(data) FROM raft_log WHERE grp = ? ORDER BY idx", (gid,)
         ):
             if idx != last + 1:
                 raise RaftStorageFailed(f"group {gid!r}: the log skips from {last} to {idx}")
@@ -382,8 +400,10 @@ class GroupLog:
                 starts.append(idx)
                 terms.append(term)
             last = idx
+            size += n or 0
         self._run_starts, self._run_terms, self._last = starts, terms, last
-        lo = max(1, last - self._store.tail_entries + 1)
+        self._bytes = size
+        lo = max(self._snap.index + 1, last - self._store.tail_entries + 1)
         self._tail = self._read(lo, last + 1)
         self._tail_start = lo
 
@@ -403,16 +423,20 @@ class GroupLog:
     def last_index(self) -> int:
         return self._last
 
+    def snapshot(self) -> SnapshotMeta:
+        return self._snap
+
     def term_at(self, index: int) -> int:
-        assert 0 <= index <= self._last, index
+        snap = self._snap
+        assert snap.index <= index <= self._last, (index, snap, self._last)
         if index >= self._tail_start:
             return self._tail[index - self._tail_start].term
-        if index == 0:
-            return 0
+        if index == snap.index:
+            return snap.term
         return self._run_terms[bisect.bisect_right(self._run_starts, index) - 1]
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
-        assert 1 <= lo <= hi <= self._last + 1, (lo, hi)
+        assert self._snap.index < lo <= hi <= self._last + 1, (lo, hi, self._snap)
         start = self._tail_start
         if lo >= start:
             return self._tail[lo - start : hi - start]
@@ -441,7 +465,7 @@ class GroupLog:
         last = self._last
         if entries:
             first = entries[0].index
-            assert 1 <= first <= last + 1, (first, last)
+            assert self._snap.index < first <= last + 1, (first, last, self._snap)
             assert all(e.index == first + k for k, e in enumerate(entries)), "not contiguous"
             last = entries[-1].index
         if hard is not None:
@@ -450,8 +474,10 @@ class GroupLog:
         with store._transaction():
             store._touched.add(gid)
             conn = store._conn
+            dropped = 0
             if entries:
                 if first <= self._last:
+                    dropped = self._data_bytes(first, self._last)
                     conn.execute("DELETE FROM raft_log WHERE grp = ? AND idx >= ?", (gid, first))
                 conn.executemany(
                     "INSERT INTO raft_log (grp, idx, term, data) VALUES (?, ?, ?, ?)",
@@ -465,8 +491,88 @@ class GroupLog:
                 )
             if entries:
                 self._cache_entries(entries)
+                self._bytes += sum(len(e.data or b"") for e in entries) - dropped
             if hard is not None:
                 self._hard = hard
+
+    def _data_bytes(self, lo: int, hi: int) -> int:
+        """The data bytes of the entries lo..hi (inclusive), from the file."""
+        (n,) = self._store._conn.execute(
+            "SELECT COALESCE(SUM(length(data)), 0) FROM raft_log "
+            "WHERE grp = ? AND idx >= ? AND idx <= ?",
+            (self.group_id, lo, hi),
+        ).fetchone()
+        return int(n)
+
+    def data_bytes(self) -> int:
+        """The data bytes of the entries the log holds (what compaction by bytes counts)."""
+        return self._bytes
+
+    def keep_from(self, index: int, budget: int) -> int:
+        """The lowest index i <= `index` + 1 such that the entries i..`index` hold at most
+        `budget` data bytes (reads the file)."""
+        kept = 0
+        lowest = index + 1
+        for idx, n in self._store._conn.execute(
+            "SELECT idx, length(data) FROM raft_log WHERE grp = ? AND idx <= ? ORDER BY idx DESC",
+            (self.group_id, index),
+        ):
+            kept += n or 0
+            if kept > budget:
+                break
+            lowest = idx
+        return lowest
+
+    def compact(self, index: int) -> None:
+        """Deletes the entries up to `index` (at most the commit index), keeping its term
+        as the snapshot's, in one transaction (or the open batch)."""
+        snap = self._snap
+        assert snap.index < index <= self._hard.commit, (index, snap, self._hard)
+        meta = SnapshotMeta(index, self.term_at(index))
+        store, gid = self._store, self.group_id
+        with store._transaction():
+            store._touched.add(gid)
+            conn = store._conn
+            dropped = self._data_bytes(snap.index + 1, index)
+            conn.execute("DELETE FROM raft_log WHERE grp = ? AND idx <= ?", (gid, index))
+            conn.execute(
+                "INSERT OR REPLACE INTO raft_snapshot (grp, idx, term) VALUES (?, ?, ?)",
+                (gid, meta.index, meta.term),
+            )
+            self._snap = meta
+            self._bytes -= dropped
+            # The run holding index + 1 now starts there; those before it are gone.
+            k = max(bisect.bisect_right(self._run_starts, index) - 1, 0)
+            del self._run_starts[:k], self._run_terms[:k]
+            if self._run_starts:
+                self._run_starts[0] = index + 1
+            if self._tail_start <= index:
+                del self._tail[: index + 1 - self._tail_start]
+                self._tail_start = index + 1
+
+    def restore(self, meta: SnapshotMeta) -> None:
+        """Deletes every entry: the log starts after `meta` (a snapshot installed from
+        the leader, at or past the commit index, which moves up to it)."""
+        assert self._hard.commit <= meta.index and self._snap.index <= meta.index, meta
+        hard = self._hard._replace(commit=meta.index)
+        store, gid = self._store, self.group_id
+        with store._transaction():
+            store._touched.add(gid)
+            conn = store._conn
+            conn.execute("DELETE FROM raft_log WHERE grp = ?", (gid,))
+            conn.execute(
+                "INSERT OR REPLACE INTO raft_snapshot (grp, idx, term) VALUES (?, ?, ?)",
+                (gid, meta.index, meta.term),
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO raft_hard_state (grp, term, vote, commit_index) "
+                "VALUES (?, ?, ?, ?)",
+                (gid, hard.term, hard.vote, hard.commit),
+            )
+            self._snap, self._hard, self._last = meta, hard, meta.index
+            self._bytes = 0
+            self._run_starts, self._run_terms = [], []
+            self._tail, self._tail_start = [], meta.index + 1
 
     def _cache_entries(self, entries: Sequence[Entry]) -> None:
         first = entries[0].index

@@ -6,6 +6,13 @@ keeps both in the process; `zdmq.raft.sqlite_storage.GroupLog` keeps them in SQL
 many groups to one file.
 
 Log indices start at 1; index 0 is the empty prefix, of term 0.
+
+Compaction. A log may have dropped its first entries, those a snapshot of the state
+machine holds (`snapshot()`: the index and term of the last entry dropped; (0, 0) while
+nothing is). It then holds the entries after that index only; `term_at` still answers
+for the snapshot's index itself (what an append right after it checks). `compact`
+drops entries up to a committed index the state machine holds durably; `restore`
+drops every entry, for a snapshot installed from the leader.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 if TYPE_CHECKING:
     from zdmq.raft.core import Ready
 
-__all__ = ["Entry", "HardState", "MemoryStorage", "Storage", "WritableStorage"]
+__all__ = ["Entry", "HardState", "MemoryStorage", "SnapshotMeta", "Storage", "WritableStorage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +44,15 @@ class HardState(NamedTuple):
     commit: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """Where a snapshot of the state machine stands: the last log index it holds and
+    that entry's term. A log's entries start after its snapshot's index."""
+
+    index: int = 0
+    term: int = 0
+
+
 class Storage(Protocol):
     """The persisted part of one core: read by the core, written by its driver."""
 
@@ -44,12 +60,16 @@ class Storage(Protocol):
 
     def last_index(self) -> int: ...
 
+    def snapshot(self) -> SnapshotMeta:
+        """The compacted prefix: entries up to its index are gone ((0, 0): none are)."""
+        ...
+
     def term_at(self, index: int) -> int:
-        """The term of the entry at `index` (0 <= index <= last_index())."""
+        """The term of the entry at `index` (snapshot().index <= index <= last_index())."""
         ...
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
-        """The entries at indices lo..hi-1 (1 <= lo <= hi <= last_index() + 1)."""
+        """The entries at indices lo..hi-1 (snapshot().index < lo <= hi <= last_index() + 1)."""
         ...
 
 
@@ -66,42 +86,73 @@ class WritableStorage(Storage, Protocol):
         """Write a `Ready`'s entries, then its hard state (if any), all or nothing."""
         ...
 
+    def compact(self, index: int) -> None:
+        """Drop the entries up to `index` (committed, and held durably by the state
+        machine), keeping its term as the snapshot's."""
+        ...
+
+    def restore(self, meta: SnapshotMeta) -> None:
+        """Drop every entry: the log now starts after `meta`, a snapshot installed from
+        the leader (its index is committed, and at least the stored commit index: the
+        commit index moves up to it)."""
+        ...
+
 
 class MemoryStorage:
     """A `Storage` in memory, plus the writes a driver makes."""
 
-    __slots__ = ("_entries", "_hard")
+    __slots__ = ("_entries", "_hard", "_snap")
 
     def __init__(self) -> None:
         self._hard = HardState()
-        self._entries: list[Entry] = []
+        self._snap = SnapshotMeta()
+        self._entries: list[Entry] = []  # _entries[0] is at index _snap.index + 1
 
     def hard_state(self) -> HardState:
         return self._hard
 
     def last_index(self) -> int:
-        return len(self._entries)
+        return self._snap.index + len(self._entries)
+
+    def snapshot(self) -> SnapshotMeta:
+        return self._snap
 
     def term_at(self, index: int) -> int:
-        assert 0 <= index <= len(self._entries), index
-        return self._entries[index - 1].term if index else 0
+        snap = self._snap
+        assert snap.index <= index <= self.last_index(), (index, snap)
+        return self._entries[index - snap.index - 1].term if index > snap.index else snap.term
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
-        assert 1 <= lo <= hi <= len(self._entries) + 1, (lo, hi)
-        return self._entries[lo - 1 : hi - 1]
+        base = self._snap.index
+        assert base < lo <= hi <= self.last_index() + 1, (lo, hi, base)
+        return self._entries[lo - base - 1 : hi - base - 1]
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Write `entries`, first dropping every stored entry at or after the first one's index."""
         if not entries:
             return
         first = entries[0].index
-        assert 1 <= first <= len(self._entries) + 1, first
-        del self._entries[first - 1 :]
+        base = self._snap.index
+        assert base < first <= self.last_index() + 1, (first, base)
+        del self._entries[first - base - 1 :]
         self._entries.extend(entries)
 
     def set_hard_state(self, hard: HardState) -> None:
-        assert hard.commit <= len(self._entries), (hard.commit, len(self._entries))
+        assert hard.commit <= self.last_index(), (hard.commit, self.last_index())
         self._hard = hard
+
+    def compact(self, index: int) -> None:
+        snap = self._snap
+        assert snap.index < index <= self._hard.commit, (index, snap, self._hard)
+        term = self.term_at(index)
+        del self._entries[: index - snap.index]
+        self._snap = SnapshotMeta(index, term)
+
+    def restore(self, meta: SnapshotMeta) -> None:
+        assert self._hard.commit <= meta.index and self._snap.index <= meta.index, meta
+        self._entries = []
+        self._snap = meta
+        self._hard = self._hard._replace(commit=meta.index)
 
     def persist(self, rd: Ready) -> None:
         self.append(rd.entries)

@@ -75,7 +75,12 @@ from zdmq.server.node import (
     Node,
     PushItem,
 )
-from zdmq.server.replicas import Member
+from zdmq.server.replicas import (
+    SNAPSHOT_INDEX_HEADER,
+    SNAPSHOT_SIZE_HEADER,
+    SNAPSHOT_TERM_HEADER,
+    Member,
+)
 from zdmq.server.storage import open_storage
 
 __all__ = ["NODE", "make_app"]
@@ -236,13 +241,17 @@ def _member_health(member: Member) -> Response:
     host = member.raft
     if host is not None and host.failed:
         failed.append(f"raft: {host.failed}")
+    logs = member.log_sizes()
     for g, node in member.nodes.items():
         leader, term = host.leader(g) if host is not None else (None, 0)
         groups[g] = {
+            **logs.get(g, {}),
             "role": host.role(g).value if host is not None else "stopped",
             "leader": leader,
             "term": term,
             "applied": node.storage.applied,
+            # Members whose new store this member does not count yet (zdmq/raft/identity.py).
+            "on_probation": sorted(host.on_probation(g)) if host is not None else [],
             "messages": node.state.stored(),
             "queues_owned": len(node.state.meta),
             "counters": dict(node.counters),
@@ -845,6 +854,28 @@ async def internal_raft(request: Request) -> Response:
     return Response(status=204)
 
 
+async def internal_snapshot(request: Request) -> Response:
+    """A piece of this member's snapshot of a replica group (zdmq/server/replicas.py):
+    `index` 0 (or none) makes a new one from the group's state now, and the reply names
+    its index, term and size in headers; a later piece names that index. 404 for a
+    group this node is not in, or a snapshot it no longer keeps."""
+    member: Member | None = request.app[MEMBER]
+    if member is None or member.raft is None:
+        raise RouteNotFound(f"{request.app[NODE].id} runs no Raft groups")
+    offset = _int_param(request, "offset", 0, 0, 1 << 50)
+    index = _int_param(request, "index", 0, 0, 1 << 62)
+    chunk = await member.snapshot_chunk(request.match_info["group"], offset, index)
+    return Response(
+        body=chunk.data,
+        content_type="application/octet-stream",
+        headers={
+            SNAPSHOT_INDEX_HEADER: str(chunk.index),
+            SNAPSHOT_TERM_HEADER: str(chunk.term),
+            SNAPSHOT_SIZE_HEADER: str(chunk.size),
+        },
+    )
+
+
 # ---- the application ----------------------------------------------------------------------
 # Who may call each route: OPEN (anyone), NODE_ONLY (another node), ANY_CLIENT (any
 # valid token), or the right a token needs on the route's queue (docs/api.md).
@@ -1018,4 +1049,5 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/internal/unregister", internal_unregister, NODE_ONLY),
     ("POST", "/v1/internal/ready", internal_ready, NODE_ONLY),
     ("POST", "/v1/internal/raft", internal_raft, NODE_ONLY),
+    ("GET", "/v1/internal/snapshots/{group}", internal_snapshot, NODE_ONLY),
 )

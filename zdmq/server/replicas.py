@@ -21,24 +21,43 @@ does not lead is answered 421 `not_leader`, naming the leader it knows.
 (`raft.sqlite3`), runs the Raft host over HTTP, applies committed entries, and finds the
 leader of a group for calls to other nodes (the members' own knowledge, else the hint
 of a 421, else the group's members in turn).
+
+Compaction and snapshots (zdmq/raft/driver.py runs them; this is the state's side).
+`checkpoint` makes a group's state file durable (commit, then a WAL checkpoint with its
+syncs), so the host may compact the log up to the index it holds. `snapshot_chunk`
+serves a group's state to a member that needs it: a copy made with `VACUUM INTO`
+(`snapshots/serve-<g>-<index>-<term>.sqlite3`, one per group, made again once the log
+no longer holds every entry after it), in chunks of
+`SNAPSHOT_CHUNK` bytes, over `GET /v1/internal/snapshots/<g>?offset=&index=` (signed
+like every node call). `pull` fetches it chunk by chunk into
+`snapshots/incoming-<g>.sqlite3`, syncs it and checks it (SQLite's quick_check, and the
+index it holds); `install` closes the group's state, replaces its file by the pulled one
+(rename, directory synced) and reloads the group's `Node` from it. The host then resets
+the group's log after the snapshot's index; if the node crashed between the two, the
+state file is ahead of the log's commit index at the next start, and `start` resets the
+log there before the host runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import re
+import sqlite3
 import time
 from collections.abc import Awaitable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
 from zdmq.config import ClusterConfig
-from zdmq.errors import BadRequest, NodeUnavailable, NotLeader
+from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
 from zdmq.raft.core import NotLeader as RaftNotLeader
-from zdmq.raft.driver import RaftHost, http_sender
+from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
 from zdmq.raft.sqlite_storage import RaftLogStore
-from zdmq.raft.storage import Entry
+from zdmq.raft.storage import Entry, SnapshotMeta
 from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
 from zdmq.server.machine import Command, apply_command, decode_command, encode_command
 from zdmq.server.storage import open_storage
@@ -58,6 +77,24 @@ ELECTION_TICKS = 10
 LEADER_WAIT_S = 3.0
 # Raft messages to one peer travel in payloads of up to this many bytes (past the first).
 PAYLOAD_BYTES = 4 << 20
+_INDEX_TERM = re.compile(r"([0-9]+)-([0-9]+)")
+# A snapshot travels in chunks of this many bytes (one call each: bounded memory).
+SNAPSHOT_CHUNK = 4 << 20
+#: The route a member pulls another's snapshot of a group from (+ the group id).
+SNAPSHOT_PATH = "/v1/internal/snapshots/"
+SNAPSHOT_INDEX_HEADER = "zdmq-snapshot-index"
+SNAPSHOT_TERM_HEADER = "zdmq-snapshot-term"
+SNAPSHOT_SIZE_HEADER = "zdmq-snapshot-size"
+
+
+class SnapshotChunk:
+    """A piece of a group's snapshot file: `data` from `offset`, of a file of `size`
+    bytes holding the log up to `index` (of `term`)."""
+
+    __slots__ = ("data", "index", "offset", "size", "term")
+
+    def __init__(self, index: int, term: int, size: int, offset: int, data: bytes) -> None:
+        self.index, self.term, self.size, self.offset, self.data = index, term, size, offset, data
 
 
 class Member:
@@ -73,6 +110,8 @@ class Member:
         self.groups = [g for g, ms in self.members.items() if node_id in ms]
         self.urls = {n.id: n.url for n in config.nodes}
         data_dir = config.node_data_dir(node_id)
+        self.data_dir = data_dir
+        self.snap_dir = data_dir / "snapshots"
         self.nodes: dict[str, Node] = {
             g: Node(
                 config,
@@ -103,6 +142,10 @@ class Member:
         self.store = await asyncio.to_thread(
             RaftLogStore, data_dir / "raft.sqlite3", durability=self.config.durability
         )
+        self._finish_installs()
+        if self.snap_dir.exists():  # copies served and pulls cut short by the last stop
+            for f in self.snap_dir.iterdir():
+                f.unlink(missing_ok=True)
         applied = {g: node.storage.applied for g, node in self.nodes.items()}
         self.raft = RaftHost(
             self.id,
@@ -116,6 +159,9 @@ class Member:
             max_payload_bytes=PAYLOAD_BYTES,
             max_queued_bytes=2 * self.max_payload_bytes,
             rng=random.Random(),
+            snapshots=self if self.config.durability != "memory" else None,
+            compact_entries=self.config.replication_log_entries,
+            compact_bytes=self.config.replication_log_bytes,
         )
         self.raft.start()
 
@@ -136,8 +182,137 @@ class Member:
         result = None
         if entry.data is not None:
             result = apply_command(node.state, decode_command(entry.data))
-        node.storage.note_applied(entry.index, node.state.clock)
+        node.storage.note_applied(entry.index, node.state.clock, entry.term)
         return result
+
+    # ---- compaction and snapshots (the driver's SnapshotHooks) --------------------------
+    def _finish_installs(self) -> None:
+        """A group state ahead of its log's commit index is a snapshot installed by a
+        process that stopped before it reset the log: the log starts after it. A state
+        behind the log's compacted prefix cannot be rebuilt: StorageFailed."""
+        assert self.store is not None
+        for g, node in self.nodes.items():
+            glog = self.store.group(g)
+            applied = node.storage.applied
+            if applied > glog.hard_state().commit:
+                log.warning(
+                    "%s: group %s's state holds index %d, its log is committed to %d: "
+                    "the log now starts after the state (an install cut short)",
+                    self.id,
+                    g,
+                    applied,
+                    glog.hard_state().commit,
+                )
+                glog.restore(SnapshotMeta(applied, node.storage.applied_term))
+            elif applied < glog.snapshot().index:
+                raise StorageFailed(
+                    f"group {g}'s state holds index {applied}, but its log starts after "
+                    f"{glog.snapshot().index}: the state file was lost or rolled back and "
+                    "cannot be rebuilt from the log; move the node's data directory away and "
+                    "start it again, to rejoin as a new store"
+                )
+
+    def checkpoint(self, group: str) -> int:
+        return self.nodes[group].storage.checkpoint()
+
+    async def snapshot_chunk(self, group: str, offset: int, index: int) -> SnapshotChunk:
+        """`SNAPSHOT_CHUNK` bytes from `offset` of this member's snapshot of `group` at
+        `index` (0: a new one, made from its state now). RouteNotFound for a group this
+        member is not in, or a snapshot it no longer keeps (a newer one replaced it)."""
+        node = self.nodes.get(group)
+        if node is None:
+            raise RouteNotFound(f"{self.id} is not a member of group {group[:100]!r}")
+        self.snap_dir.mkdir(parents=True, exist_ok=True)
+        if index == 0:
+            # The copy kept serves while the log still holds every entry after it (a
+            # member that installs it catches up from the log): members catching up at
+            # once share one copy instead of replacing each other's.
+            start = self.raft.log_bounds(group)[0] if self.raft is not None else 0
+            kept = self._served(group)
+            usable = [k for k in kept if k[0] >= start]
+            if usable:
+                index, term, path = max(usable)
+            else:
+                tmp = self.snap_dir / f"copy-{group}.sqlite3"
+                index, term = node.storage.copy_to(tmp)
+                path = self.snap_dir / f"serve-{group}-{index}-{term}.sqlite3"
+                os.replace(tmp, path)
+            for _, _, old in kept:
+                if old != path:
+                    old.unlink(missing_ok=True)
+        else:
+            found = [(t, p) for i, t, p in self._served(group) if i == index]
+            if not found:
+                raise RouteNotFound(f"{self.id} keeps no snapshot of group {group} at {index}")
+            term, path = found[0]
+
+        def read() -> tuple[int, bytes]:
+            with path.open("rb") as f:
+                f.seek(offset)
+                return os.fstat(f.fileno()).st_size, f.read(SNAPSHOT_CHUNK)
+
+        size, data = await asyncio.to_thread(read)
+        if offset > size:
+            raise BadRequest(f"offset {offset} is past the snapshot's {size} bytes")
+        return SnapshotChunk(index, term, size, offset, data)
+
+    def _served(self, group: str) -> list[tuple[int, int, Path]]:
+        """(index, term, path) of the copies of `group`'s state kept to serve."""
+        out = []
+        prefix = f"serve-{group}-"
+        for p in self.snap_dir.glob("serve-*.sqlite3"):
+            if p.stem.startswith(prefix):
+                m = _INDEX_TERM.fullmatch(p.stem[len(prefix) :])
+                if m is not None:
+                    out.append((int(m[1]), int(m[2]), p))
+        return out
+
+    async def pull(self, group: str, src: str) -> PulledSnapshot:
+        """`src`'s snapshot of `group`, chunk by chunk into a local file, synced and checked."""
+        self.snap_dir.mkdir(parents=True, exist_ok=True)
+        path = self.snap_dir / f"incoming-{group}.sqlite3"
+        url = self.urls[src] + SNAPSHOT_PATH + group
+        index = term = size = 0
+        try:
+            with path.open("wb") as f:
+                while True:
+                    reply = await _http.call(
+                        self.pool, "GET", url, params={"offset": f.tell(), "index": index}
+                    )
+                    h = reply.headers
+                    index = int(h.get(SNAPSHOT_INDEX_HEADER) or 0)
+                    term = int(h.get(SNAPSHOT_TERM_HEADER) or 0)
+                    size = int(h.get(SNAPSHOT_SIZE_HEADER) or 0)
+                    if not index or not term or (not reply.body and f.tell() < size):
+                        raise NodeUnavailable(f"{src} sent an empty piece of its snapshot")
+                    await asyncio.to_thread(f.write, reply.body)
+                    if f.tell() >= size:
+                        break
+                await asyncio.to_thread(os.fsync, f.fileno())
+            held = await asyncio.to_thread(_check_snapshot, path)
+            if held != (index, term):
+                raise NodeUnavailable(f"{src}'s snapshot holds {held}, not {(index, term)}")
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return PulledSnapshot(group, src, index, term, path)
+
+    async def install(self, snap: PulledSnapshot) -> None:
+        node = self.nodes[snap.group]
+        target = self.data_dir / f"group-{snap.group}.sqlite3"
+        await node.storage.close()  # commits, checkpoints and removes its WAL
+        for suffix in ("-wal", "-shm", "-journal"):
+            target.with_name(target.name + suffix).unlink(missing_ok=True)
+        os.replace(snap.path, target)
+        _sync_dir(self.data_dir)
+        storage = open_storage(self.config.durability, self.data_dir, group=snap.group)
+        node.state = await asyncio.to_thread(storage.load)
+        node.storage = storage
+        if storage.applied != snap.index:
+            raise RuntimeError(f"installed {target} holds {storage.applied}, not {snap.index}")
+
+    def discard(self, snap: PulledSnapshot) -> None:
+        snap.path.unlink(missing_ok=True)
 
     async def propose(self, group: str, cmd: Command) -> Any:
         """`cmd`'s result once it is committed in `group`'s log and applied here.
@@ -198,6 +373,16 @@ class Member:
                     raise
             await asyncio.sleep(0.05)
 
+    def log_sizes(self) -> dict[str, dict[str, int]]:
+        """Per group: the index its log is compacted up to and its last index."""
+        if self.raft is None:
+            return {}
+        out = {}
+        for g in self.groups:
+            start, last = self.raft.log_bounds(g)
+            out[g] = {"log_start": start, "log_last": last}
+        return out
+
     def _serving(self, group: str | None) -> Node:
         if group is None:
             own = self.nodes.get(self.id)
@@ -237,3 +422,27 @@ class Member:
             return _http.call(self.pool, method, self.urls[target] + path, headers=headers, **kw)
 
         return await self.router.call(group, send, once=once)
+
+
+def _check_snapshot(path: Path) -> tuple[int, int]:
+    """The (applied index, its term) a snapshot file holds; raises unless SQLite finds
+    it sound (quick_check)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        (ok,) = conn.execute("PRAGMA quick_check").fetchone()
+        if ok != "ok":
+            raise NodeUnavailable(f"the snapshot pulled is damaged: {ok}")
+        machine = dict(conn.execute("SELECT key, value FROM machine"))
+    except sqlite3.DatabaseError as e:
+        raise NodeUnavailable(f"the snapshot pulled is not a group state: {e}") from None
+    finally:
+        conn.close()
+    return int(machine.get("applied", 0)), int(machine.get("applied_term", 0))
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -103,7 +103,8 @@ CREATE TABLE IF NOT EXISTS dedup (
     queue TEXT NOT NULL,
     until REAL NOT NULL
 );
--- A replica group's state: the last log index applied (`applied`) and the state's clock.
+-- A replica group's state: the last log index applied (`applied`), that entry's term
+-- (`applied_term`) and the state's clock.
 CREATE TABLE IF NOT EXISTS machine (
     key TEXT PRIMARY KEY,
     value REAL NOT NULL
@@ -127,6 +128,7 @@ class Storage:
     # A replica group's state: the last log index applied to it and its clock, as of the
     # last commit (load reads them back; `note_applied` moves them).
     applied = 0
+    applied_term = 0
     clock = 0.0
     # Rows of delivered messages served from the cache of recent pushes, and read back.
     cache_hits = 0
@@ -145,10 +147,23 @@ class Storage:
         an earlier write, such as a duplicate push, waits for it to be durable)."""
         raise NotImplementedError
 
-    def note_applied(self, index: int, clock: float) -> None:
-        """A replica group applied its log up to `index`: written with the ops applied so
-        far, in the same commit, so a reload knows where to resume the log."""
+    def checkpoint(self) -> int:
+        """A replica group's state made durable: everything applied is committed and
+        synced to the database file. Returns the log index the file now holds durably
+        (0: this storage cannot tell, nothing may be compacted on its word)."""
+        return 0
+
+    def copy_to(self, path: Path) -> tuple[int, int]:
+        """A consistent copy of a replica group's state in a new database file `path`
+        (its snapshot); returns the (index, term) of the last entry it holds."""
+        raise NotImplementedError("this storage keeps no file to copy")
+
+    def note_applied(self, index: int, clock: float, term: int = 0) -> None:
+        """A replica group applied its log up to `index` (of `term`): written with the ops
+        applied so far, in the same commit, so a reload knows where to resume the log."""
         self.applied, self.clock = index, clock
+        if term:
+            self.applied_term = term
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -278,6 +293,7 @@ class SqliteStorage(Storage):
         state = NodeState(self)
         machine = dict(conn.execute("SELECT key, value FROM machine"))
         self.applied = int(machine.get("applied", 0))
+        self.applied_term = int(machine.get("applied_term", 0))
         self.clock = state.clock = float(machine.get("clock", 0.0))
         self._loading = True  # the replay below writes nothing back
         for name, incarnation, created_at, settings in conn.execute(
@@ -376,8 +392,8 @@ class SqliteStorage(Storage):
             except RuntimeError:  # no loop running (a script, a test): the next submit commits
                 return
 
-    def note_applied(self, index: int, clock: float) -> None:
-        super().note_applied(index, clock)
+    def note_applied(self, index: int, clock: float, term: int = 0) -> None:
+        super().note_applied(index, clock, term)
         self._applied_unwritten = True
         if not self._scheduled:
             with contextlib.suppress(RuntimeError):  # no loop: the next submit commits
@@ -490,7 +506,11 @@ class SqliteStorage(Storage):
                     conn.execute("BEGIN")
                 conn.executemany(
                     "INSERT OR REPLACE INTO machine (key, value) VALUES (?, ?)",
-                    (("applied", self.applied), ("clock", self.clock)),
+                    (
+                        ("applied", self.applied),
+                        ("applied_term", self.applied_term),
+                        ("clock", self.clock),
+                    ),
                 )
             except Exception as e:
                 self._fail(e)
@@ -507,6 +527,31 @@ class SqliteStorage(Storage):
         fut, self._next = self._next, None
         if fut is not None:
             fut.set_result(None)
+
+    def checkpoint(self) -> int:
+        """Commits what is applied, then checkpoints the WAL into the database file with
+        its syncs (a replica's `synchronous=NORMAL` syncs the WAL before a checkpoint and
+        the file after it): the file then holds `applied` through a power loss. Runs on
+        the loop (one fsync or two). Returns `applied`, or 0 if the checkpoint could not
+        finish."""
+        self._flush()
+        conn = self._conn
+        if self.failed is not None or conn is None:
+            return 0
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        return 0 if busy else self.applied
+
+    def copy_to(self, path: Path) -> tuple[int, int]:
+        """Commits what is applied, then writes a consistent copy of the database to
+        `path` (VACUUM INTO: compact, in one read transaction), on the loop. Returns the
+        (applied index, its term) the copy holds."""
+        self._flush()
+        conn = self._conn
+        if self.failed is not None or conn is None:
+            raise StorageFailed(f"storage failed earlier: {self.failed}")
+        path.unlink(missing_ok=True)
+        conn.execute("VACUUM INTO ?", (str(path),))
+        return self.applied, self.applied_term
 
     def _fail(self, e: Exception) -> None:
         """A write or commit failed: everything since the last commit is lost on disk
