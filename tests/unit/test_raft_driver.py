@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -334,6 +335,49 @@ async def test_proposals_apply_in_one_order_on_every_member_and_answer_the_propo
             assert c.datas(g, g) == [f"{g}-{k}".encode() for k in range(per_group)]
             entries = [c.applied[n][g] for n in c.groups[g]]
             assert all(e == entries[0] for e in entries)  # empty entries too, same terms
+
+
+async def test_a_leader_sends_its_appends_while_it_writes_its_own_copy(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        lead = c.hosts["n0"]
+        sent = threading.Event()  # an append carrying b"x" left for a follower
+        send, persist = lead._send, lead._persist
+
+        async def watching_send(peer: str, payload: bytes) -> None:
+            if any(m.type is MsgType.APPEND and m.entries for _, m in decode_messages(payload)[1]):
+                sent.set()
+            await send(peer, payload)
+
+        def slow_persist(*args: Any) -> None:  # in the worker thread
+            if args[0]:  # a write of entries: the leader's own copy of b"x"
+                sent.wait(timeout=2.0)
+                assert sent.is_set(), "the write waited for nothing: no append left before it"
+            persist(*args)
+
+        lead._send = watching_send  # type: ignore[method-assign]
+        lead._persist = slow_persist  # type: ignore[method-assign]
+        assert (await lead.propose("n0", b"x"))[2] == b"x"
+        assert lead.failed is None
+
+
+async def test_a_proposal_is_answered_without_waiting_to_write_the_commit_index(
+    tmp_path: Path,
+) -> None:
+    # Slow ticks: no tick's write of the commit index falls inside the proposal.
+    async with cluster(tmp_path, 3, tick_s=0.5) as c:
+        await until(lambda: c.leader_of("n0") == "n0", "n0 leads its group")
+        lead = c.hosts["n0"]
+        await lead.propose("n0", b"warm")
+        commits = c.stores["n0"].commits
+        await lead.propose("n0", b"x")
+        # The entry's write, and nothing before the answer: the commit index that moved
+        # is written with the next write (or tick), and a restart takes what was applied.
+        assert c.stores["n0"].commits == commits + 1
+        await c.stop("n0")
+        c.start("n0")
+        await until(lambda: c.leader_of("n0") is not None, "n0's group elects")
+        assert c.datas("n0", "n0") == [b"warm", b"x"]  # each applied once
 
 
 async def test_propose_on_a_follower_raises_not_leader_with_the_leader_hint(

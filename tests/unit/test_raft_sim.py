@@ -31,9 +31,12 @@ def test_runs_exercise_the_faults_they_claim() -> None:
     assert sum(r.liveness_checked for r in results) > 10
     assert sum(r.partitions for r in results) > 20
     assert sum(r.transfers for r in results) > 5
+    assert sum(r.lost_early_writes for r in results) > 5
     assert sum(r.leaders for r in results) > 100  # terms that had a leader
     assert sum(r.acked for r in results) > 800
-    assert all(r.proposed >= r.acked > 0 for r in results)
+    assert all(r.proposed >= r.acked for r in results)
+    # (A run whose leaders all fail fast may never take a proposal.)
+    assert sum(r.acked > 0 for r in results) >= len(results) - 2
 
 
 def test_a_run_replays_exactly_from_its_seed() -> None:
@@ -49,19 +52,19 @@ def test_a_broken_commit_rule_is_caught_with_a_replay_command(
 ) -> None:
     # Committing by counting replicas of an older term's entry (what section 5.4.2 forbids).
     def commit_by_counting(self: core.RaftCore) -> bool:
-        self.progress[self.id].match = self.log.last_index()
+        self.progress[self.id].match = self.log.offset - 1
         matches = sorted((pr.match for pr in self.progress.values()), reverse=True)
         return self.log.commit_to(matches[self._quorum() - 1])
 
     monkeypatch.setattr(core.RaftCore, "_maybe_commit", commit_by_counting)
     # Plain Raft (no lost disks, no guards of new stores), where this seed reaches the
     # state Figure 8 of the Raft paper describes.
-    cfg = SimConfig(nodes=5, disk_loss=0.0, identity_rule=False)
+    cfg = SimConfig(nodes=5, steps=1500, disk_loss=0.0, identity_rule=False)
     with pytest.raises(SimFailure) as e:
-        sim.run(234, cfg)
+        sim.run(32, cfg)
     assert "over the committed" in str(e.value)
     assert (
-        "python -m zdmq.raft.sim --seed 234 --steps 400 --nodes 5 --disk-loss 0.0 "
+        "python -m zdmq.raft.sim --seed 32 --steps 1500 --nodes 5 --disk-loss 0.0 "
         "--no-identity-rule"
     ) in str(e.value)
 

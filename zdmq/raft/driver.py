@@ -13,21 +13,30 @@ once. One pump round:
      first, so heartbeats that queued during a slow fsync count before the ticks that
      queued with them);
   2. takes `ready()` from every core that `has_ready()`;
-  3. persists all of them in ONE `store.batch()` (one transaction, one fsync), in a
-     worker thread (`asyncio.to_thread`), so the fsync does not block the loop; inputs
-     that arrive meanwhile wait in the inbox and go into the next round, which is what
-     makes one fsync carry many proposals of many groups (group commit);
-  4. hands each round's messages to the transport, per peer;
-  5. applies the committed entries (`apply`), resolving the proposals they answer;
-  6. `advance`s every core it took a `Ready` from;
+  3. hands the leaders' appends and heartbeats (`SENT_BEFORE_PERSIST`) to the
+     transport at once, so followers write their copies while the leader writes its
+     own (a leader counts its own log toward a commit only once it is persisted);
+  4. applies the committed entries (`apply`), resolving the proposals they answer:
+     they were persisted in an earlier round and are committed, so a caller hears
+     while this round writes;
+  5. persists what must be durable in ONE `store.batch()` (one transaction, one
+     fsync), in a worker thread (`asyncio.to_thread`), so the fsync does not block the
+     loop; inputs that arrive meanwhile wait in the inbox and go into the next round,
+     which is what makes one fsync carry many proposals of many groups (group commit).
+     A hard state that moved only its commit index is not worth a write of its own: it
+     goes with the next write, or with the next tick's (a restart takes what the state
+     machine applied as committed, zdmq/raft/core.py);
+  6. hands the rest of the round's messages (answers, votes: promises about this
+     node's log) to the transport, per peer;
+  7. `advance`s every core it took a `Ready` from;
 
 and repeats while any core has more. Rounds with nothing to persist (heartbeats, their
-answers) skip the thread and the store.
+answers, commits) skip the thread and the store.
 
 Why the cores see no input between `ready()` and `advance()`. `RaftCore` itself would
 take a `step` there (`advance` marks only what that `Ready` held as persisted, checking
 the term of the last entry, as etcd's raft does), but a core reads its `GroupLog` while
-it steps, and during step 3 the worker thread is writing that `GroupLog` (its SQLite
+it steps, and during step 5 the worker thread is writing that `GroupLog` (its SQLite
 connection and in-memory caches, which are not safe to read while being written). So
 the cores are only ever touched by the pump, on the loop, outside the persist: inputs
 wait in the inbox until the round's `advance`. A second `ready()` before `advance()`
@@ -81,10 +90,18 @@ import msgpack
 
 from zdmq import _http
 from zdmq.errors import BadRequest, NodeUnavailable
-from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.core import (
+    SENT_BEFORE_PERSIST,
+    Message,
+    MsgType,
+    NotLeader,
+    RaftCore,
+    Ready,
+    Role,
+)
 from zdmq.raft.identity import LiftReport, report_current
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
-from zdmq.raft.storage import Entry
+from zdmq.raft.storage import Entry, HardState
 
 __all__ = [
     "RAFT_PATH",
@@ -463,6 +480,8 @@ class RaftHost:
         }
         # The term each group is led by this member in, None while it is not leader.
         self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
+        # Hard states that moved only their commit index, not written yet: group -> state.
+        self._lazy_hard: dict[str, HardState] = {}
         self._wake: asyncio.Event | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._tick_task: asyncio.Task[None] | None = None
@@ -692,54 +711,92 @@ class RaftHost:
         assert wake is not None
         while self.running:
             wake.clear()
-            self._feed()
+            ticked = self._feed()
             work: list[tuple[str, RaftCore, Ready]] = [
                 (gid, core, core.ready()) for gid, core in self._cores.items() if core.has_ready()
             ]
-            if not work:
+            lazy = self._lazy_hard
+            if not work and not (lazy and ticked):
                 return
-            self.counters["pumps"] += 1
-            writes = [(self._logs[gid], rd) for gid, _, rd in work if rd.entries or rd.hard_state]
+            if work:
+                self.counters["pumps"] += 1
+            # 1. A leader's appends and heartbeats leave at once: its followers write
+            # their copies while it writes its own (its core counts its own log toward a
+            # commit only once `advance` says it is persisted).
+            late: list[tuple[str, Message]] = []
+            for gid, _, rd in work:
+                for m in rd.messages:
+                    if m.type in SENT_BEFORE_PERSIST:
+                        self._enqueue(gid, m)
+                    else:
+                        late.append((gid, m))
+            self._flush_peers()
+            # 2. Entries handed out to apply are committed and were persisted in an
+            # earlier round: applied now, so a proposal's caller hears while we write.
+            for gid, _, rd in work:
+                if rd.committed:
+                    self._apply_entries(gid, rd.committed)
+            # 3. One write for the round. A hard state that moved only its commit index
+            # waits for the next write (at the latest at the next tick): a restart
+            # takes what the state machine applied as committed.
+            writes: list[tuple[GroupLog, Ready]] = []
+            for gid, _, rd in work:
+                hard = rd.hard_state
+                if rd.entries or (hard is not None and not self._commit_only(gid, hard)):
+                    writes.append((self._logs[gid], rd))
+                    if hard is not None:
+                        lazy.pop(gid, None)  # this one is newer
+                elif hard is not None:
+                    lazy[gid] = hard
             selves = {
                 g: (c.proven, c.told)
                 for g, c in self._cores.items()
                 if self._self_states.get(g, (False, (0, 0))) != (c.proven, c.told)
             }
-            if writes or selves or self.book.has_changes():
+            if writes or selves or self.book.has_changes() or (lazy and ticked):
                 ids, prob, clear = self.book.take_changes()
-                await asyncio.to_thread(self._persist, writes, ids, prob, clear, selves)
+                hards = [(self._logs[g], h) for g, h in lazy.items()]
+                lazy.clear()
+                await asyncio.to_thread(self._persist, writes, hards, ids, prob, clear, selves)
                 self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
-            for gid, _, rd in work:
-                for m in rd.messages:
-                    self._enqueue(gid, m)
+            # 4. What promises this node's log or vote (answers, votes) leaves now.
+            for gid, m in late:
+                self._enqueue(gid, m)
             self._flush_peers()
-            for gid, _, rd in work:
-                if rd.committed:
-                    self._apply_entries(gid, rd.committed)
             for _, core, rd in work:
                 core.advance(rd)
             self._check_pending()
 
+    def _commit_only(self, gid: str, hard: HardState) -> bool:
+        """Whether `hard` differs from the hard state last written only in its commit."""
+        old = self._logs[gid].hard_state()
+        return old.term == hard.term and old.vote == hard.vote
+
     def _persist(
         self,
         writes: list[tuple[GroupLog, Ready]],
+        hards: list[tuple[GroupLog, HardState]],
         ids: dict[str, str],
         prob: dict[tuple[str, str], int | None],
         clear: dict[tuple[str, str], str | None],
         selves: dict[str, tuple[bool, tuple[int, int]]],
     ) -> None:
-        """(In a worker thread.) Every group's Ready, what changed in the peer book and
-        in each core's `proven` / `told`, in one transaction and one fsync."""
+        """(In a worker thread.) Every group's Ready, the hard states that moved only
+        their commit index since their last write, what changed in the peer book and in
+        each core's `proven` / `told`, in one transaction and one fsync."""
         with self.store.batch():
+            for glog, hard in hards:
+                glog.set_hard_state(hard)
             for glog, rd in writes:
                 glog.persist(rd)
             self.store.save_peer_book(ids, prob, clear)
             self.store.save_self_states(selves)
 
-    def _feed(self) -> None:
-        """Gives the inbox to the cores: messages, proposals, then ticks."""
+    def _feed(self) -> int:
+        """Gives the inbox to the cores: messages, proposals, then ticks; returns how
+        many ticks."""
         cores = self._cores
         inbox = self._inbox
         book = self.book
@@ -778,6 +835,7 @@ class RaftHost:
             if self._ticked % self.transfer_check_ticks == 0:
                 self._hand_to_preferred()
         self._check_pending()
+        return ticks
 
     def _seen(self, peer: str, identity: str) -> None:
         """A payload from `peer` with another store identity than the one recorded."""
