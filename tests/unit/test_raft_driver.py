@@ -32,6 +32,7 @@ from zdmq.auth import NodeSigner, NodeVerifier
 from zdmq.errors import NodeUnavailable
 from zdmq.raft import Entry, Message, MsgType, NotLeader, Role
 from zdmq.raft.driver import (
+    RAFT_CONTENT_TYPE,
     RAFT_PATH,
     BadRaftPayload,
     RaftHost,
@@ -102,7 +103,10 @@ class Cluster:
             host = self.hosts.get(peer)
             if host is None:
                 raise ConnectionRefusedError(f"{peer} is down")
-            host.receive(payload)
+            answer = await host.exchange(payload, src)
+            if self.sides is not None and self.sides[src] != self.sides[peer]:
+                raise ConnectionError("partitioned")  # cut off while it answered
+            return answer
 
         return send
 
@@ -344,10 +348,10 @@ async def test_a_leader_sends_its_appends_while_it_writes_its_own_copy(tmp_path:
         sent = threading.Event()  # an append carrying b"x" left for a follower
         send, persist = lead._send, lead._persist
 
-        async def watching_send(peer: str, payload: bytes) -> None:
+        async def watching_send(peer: str, payload: bytes) -> bytes | None:
             if any(m.type is MsgType.APPEND and m.entries for _, m in decode_messages(payload)[1]):
                 sent.set()
-            await send(peer, payload)
+            return await send(peer, payload)
 
         def slow_persist(*args: Any) -> None:  # in the worker thread
             if args[0]:  # a write of entries: the leader's own copy of b"x"
@@ -609,9 +613,12 @@ async def test_a_fresh_cluster_elects_with_no_preferred_leader_and_sends_its_ide
     def recording(src: str) -> Callable[[str, bytes], Any]:
         inner = local(src)
 
-        async def send(peer: str, payload: bytes) -> None:
+        async def send(peer: str, payload: bytes) -> bytes | None:
             sent.append((src, payload))
-            await inner(peer, payload)
+            answer: bytes | None = await inner(peer, payload)
+            if answer is not None:
+                sent.append((peer, answer))
+            return answer
 
         return send
 
@@ -961,8 +968,22 @@ async def test_hosts_over_http_with_fsync_elect_commit_and_refuse_bad_calls(
         for g in c.groups:
             await until(lambda g=g: c.converged(g, 20), f"{g} applied everywhere")
         assert all(h.counters["payloads_sent"] > 0 for h in c.hosts.values())
+        # Followers' answers ride on the replies to their leaders' calls.
+        assert all(h.counters["payloads_answered"] > 0 for h in c.hosts.values())
         url = net.urls["n1"] + RAFT_PATH
         pool = net.pools["n0"]
+        # A heartbeat of n0's (it leads group n0): n1's answer comes in the 200's body.
+        lead_term = c.hosts["n0"].leader("n0")[1]
+        beat = encode_messages(
+            [("n0", Message(MsgType.HEARTBEAT, "n0", "n1", lead_term))], c.stores["n0"].identity
+        )
+        reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=beat)
+        assert reply.status == 200 and reply.headers["content-type"] == RAFT_CONTENT_TYPE
+        answers = decode_messages(reply.body)[1]
+        assert (
+            "n0",
+            Message(MsgType.HEARTBEAT_RESP, "n1", "n0", lead_term),
+        ) in answers
         # A malformed payload: 400 with zdmq's error body; the host goes on.
         reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=b"\xc1\xc1")
         assert reply.status == 400

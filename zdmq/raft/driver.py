@@ -104,6 +104,7 @@ from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
 from zdmq.raft.storage import Entry, HardState
 
 __all__ = [
+    "RAFT_CONTENT_TYPE",
     "RAFT_PATH",
     "BadRaftPayload",
     "RaftHost",
@@ -121,7 +122,8 @@ log = logging.getLogger("zdmq.raft")
 RAFT_PATH = "/v1/internal/raft"
 RAFT_CONTENT_TYPE = "application/vnd.zdmq.raft+msgpack"
 
-Send = Callable[[str, bytes], Awaitable[None]]
+#: Carries a payload to a peer; returns the peer's answer payload (`exchange`), if any.
+Send = Callable[[str, bytes], Awaitable[bytes | None]]
 Apply = Callable[[str, Entry], Any]
 
 # ---- wire encoding --------------------------------------------------------------------------
@@ -337,15 +339,17 @@ def decode_payload(
 
 def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: float = 1.0) -> Send:
     """The `send` of a `RaftHost` over HTTP: POSTs a payload to `<url of peer>` +
-    `RAFT_PATH` through `pool` (a node's pool signs node auth). A failed call raises
-    (the host drops that payload)."""
+    `RAFT_PATH` through `pool` (a node's pool signs node auth) and returns the peer's
+    answer payload (a 200's body; None for a 204). A failed call raises (the host
+    drops that payload)."""
     headers = {"Content-Type": RAFT_CONTENT_TYPE}
     targets = {peer: url.rstrip("/") + RAFT_PATH for peer, url in urls.items()}
 
-    async def send(peer: str, payload: bytes) -> None:
-        await _http.call(
+    async def send(peer: str, payload: bytes) -> bytes | None:
+        reply = await _http.call(
             pool, "POST", targets[peer], data=payload, headers=headers, timeout_s=timeout_s
         )
+        return reply.body if reply.status == 200 and reply.body else None
 
     return send
 
@@ -482,6 +486,10 @@ class RaftHost:
         self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
         # Hard states that moved only their commit index, not written yet: group -> state.
         self._lazy_hard: dict[str, HardState] = {}
+        # Peers' payloads waiting for this node's answer (`exchange`): those received
+        # before the round in progress took the inbox, and those received since.
+        self._answering: dict[str, list[asyncio.Future[bytes | None]]] = {}
+        self._answering_next: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._wake: asyncio.Event | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._tick_task: asyncio.Task[None] | None = None
@@ -499,6 +507,8 @@ class RaftHost:
                 "messages_received",
                 "messages_dropped",  # over a peer's queue bound, a failed send, a full inbox
                 "payloads_sent",
+                "payloads_answered",  # payloads sent in the reply to a peer's (`exchange`)
+                "bad_answers",  # answers refused as not well formed
                 "send_failures",
                 "proposals",  # taken by a core as leader
                 "applied",
@@ -550,6 +560,12 @@ class RaftHost:
         self._fail_all(RaftHostStopped(f"the Raft host of {self.node_id} is stopped"))
 
     def _fail_all(self, exc: Exception) -> None:
+        for waiting in (self._answering, self._answering_next):
+            for futs in waiting.values():
+                for fut in futs:
+                    if not fut.done():
+                        fut.set_result(None)
+            waiting.clear()
         for p in self._proposals:
             if not p.future.done():
                 p.future.set_exception(exc)
@@ -635,6 +651,39 @@ class RaftHost:
         self._inbox.extend(items)
         self._wakeup()
 
+    async def exchange(self, payload: bytes, sender: str, wait_s: float = 0.5) -> bytes | None:
+        """`receive` a payload from peer `sender`, then wait (up to `wait_s`) for the pump
+        round that takes it, and return what that round has for `sender` (its answers,
+        and anything else queued for it) as a payload, None if nothing: so a peer's
+        answer rides on the reply to its call, and an exchange costs one call, not two.
+        What is not taken in time goes as usual, in a call of this node's own."""
+        self.receive(payload, sender=sender)
+        if sender not in self._peers:
+            return None
+        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._answering_next.setdefault(sender, []).append(fut)
+        try:
+            return await asyncio.wait_for(fut, wait_s)
+        except TimeoutError:
+            return None
+
+    def _answer(self) -> None:
+        """Hands each peer waiting in `exchange` (since before this round) what is queued
+        for it, as one payload; the others waiting for the same peer get None."""
+        waiting, self._answering = self._answering, {}
+        for pid, futs in waiting.items():
+            peer = self._peers[pid]
+            for fut in futs:
+                if fut.done():
+                    continue
+                if not peer.queue:
+                    fut.set_result(None)
+                    continue
+                payload, n = self._take_payload(pid, peer)
+                fut.set_result(payload)
+                self.counters["payloads_answered"] += 1
+                self.counters["messages_sent"] += n
+
     def _wakeup(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -711,12 +760,17 @@ class RaftHost:
         assert wake is not None
         while self.running:
             wake.clear()
+            # Those waiting for an answer to a payload this round takes.
+            for pid, futs in self._answering_next.items():
+                self._answering.setdefault(pid, []).extend(futs)
+            self._answering_next = {}
             ticked = self._feed()
             work: list[tuple[str, RaftCore, Ready]] = [
                 (gid, core, core.ready()) for gid, core in self._cores.items() if core.has_ready()
             ]
             lazy = self._lazy_hard
             if not work and not (lazy and ticked):
+                self._answer()
                 return
             if work:
                 self.counters["pumps"] += 1
@@ -761,9 +815,11 @@ class RaftHost:
                 self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
-            # 4. What promises this node's log or vote (answers, votes) leaves now.
+            # 4. What promises this node's log or vote (answers, votes) leaves now: in
+            # the reply to a peer's payload that waits for it, else in a call of its own.
             for gid, m in late:
                 self._enqueue(gid, m)
+            self._answer()
             self._flush_peers()
             for _, core, rd in work:
                 core.advance(rd)
@@ -987,28 +1043,38 @@ class RaftHost:
         """Sends a peer's queue, one payload at a time, until it is empty."""
         try:
             while peer.queue and self.running:
-                # Up to max_payload_bytes (at least one message); the rest waits.
-                n = size = 0
-                for packed in peer.queue:
-                    if n and size + len(packed) > self.max_payload_bytes:
-                        break
-                    n += 1
-                    size += len(packed)
-                batch = peer.queue[:n]
-                del peer.queue[:n]
-                peer.queued_bytes -= size
-                reports = self._reports_for(pid) if self.book.cleared else []
-                payload = _join_payload(self._packer, self.identity, batch, reports)
+                payload, n = self._take_payload(pid, peer)
                 try:
-                    await self._send(pid, payload)
+                    answer = await self._send(pid, payload)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
                     self.counters["send_failures"] += 1
                     self.counters["messages_dropped"] += n
                     log.debug("raft send %s -> %s failed: %r", self.node_id, pid, e)
-                else:
-                    self.counters["payloads_sent"] += 1
-                    self.counters["messages_sent"] += n
+                    continue
+                self.counters["payloads_sent"] += 1
+                self.counters["messages_sent"] += n
+                if answer and self.running:
+                    try:
+                        self.receive(answer, sender=pid)
+                    except BadRaftPayload as e:
+                        self.counters["bad_answers"] += 1
+                        log.warning("raft answer %s -> %s refused: %s", pid, self.node_id, e)
         finally:
             peer.task = None
+
+    def _take_payload(self, pid: str, peer: _Peer) -> tuple[bytes, int]:
+        """The next payload for `pid` from its queue (up to max_payload_bytes, at least
+        one message; the rest waits), and how many messages it holds."""
+        n = size = 0
+        for packed in peer.queue:
+            if n and size + len(packed) > self.max_payload_bytes:
+                break
+            n += 1
+            size += len(packed)
+        batch = peer.queue[:n]
+        del peer.queue[:n]
+        peer.queued_bytes -= size
+        reports = self._reports_for(pid) if self.book.cleared else []
+        return _join_payload(self._packer, self.identity, batch, reports), n
