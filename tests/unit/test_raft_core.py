@@ -256,6 +256,21 @@ def test_a_leader_does_not_send_a_message_only_to_announce_a_commit() -> None:
     assert g["n1"].log.committed == g["n2"].log.committed == 2
 
 
+def test_a_leaders_heartbeats_for_a_slow_write_change_nothing() -> None:
+    g = Group(3)
+    g.elect("n0")
+    g.tick_all(2)
+    lead = g["n0"]
+    lead.propose(b"x")
+    before = (lead.term, lead.log.committed, dict(lead.progress), lead.has_ready())
+    beats = lead.heartbeats()
+    assert sorted(m.dst for m in beats) == ["n1", "n2"]
+    assert all(m.type is MsgType.HEARTBEAT and m.term == lead.term for m in beats)
+    assert all(m.commit == min(lead.progress[m.dst].match, lead.log.committed) for m in beats)
+    assert (lead.term, lead.log.committed, dict(lead.progress), lead.has_ready()) == before
+    assert g["n1"].heartbeats() == []
+
+
 def test_a_restarted_core_takes_what_its_state_machine_applied_as_committed() -> None:
     # Applied while the commit index that covered it was not yet written.
     disk = MemoryStorage()

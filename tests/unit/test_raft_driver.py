@@ -365,6 +365,28 @@ async def test_a_leader_sends_its_appends_while_it_writes_its_own_copy(tmp_path:
         assert lead.failed is None
 
 
+async def test_a_leader_whose_write_is_slow_keeps_its_followers_from_electing(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        lead = c.hosts["n0"]
+        term = lead.leader("n0")[1]
+        persist = lead._persist
+
+        def slow_persist(*args: Any) -> None:  # in the worker thread
+            if args[0]:
+                time.sleep(25 * TICK_S)  # over twice the longest election timeout
+            persist(*args)
+
+        lead._persist = slow_persist  # type: ignore[method-assign]
+        assert (await lead.propose("n0", b"x"))[2] == b"x"
+        # It heartbeat through the write: no member of its group campaigned.
+        assert lead.counters["heartbeats_while_writing"] > 0
+        assert c.leader_of("n0") == "n0" and lead.leader("n0")[1] == term
+        assert all(c.hosts[n].leader("n0") == ("n0", term) for n in c.groups["n0"])
+
+
 async def test_a_proposal_is_answered_without_waiting_to_write_the_commit_index(
     tmp_path: Path,
 ) -> None:

@@ -387,6 +387,23 @@ class RaftCore:
         self._broadcast_append()
         return index
 
+    def heartbeats(self) -> list[Message]:
+        """As leader, the heartbeats a tick sends, for a driver to send while this core
+        waits for its `Ready` to be persisted (a long write must not look like a dead
+        leader to the followers). Changes nothing and reads no storage; [] if not leader."""
+        if self.role is not Role.LEADER:
+            return []
+        return [
+            Message(
+                MsgType.HEARTBEAT,
+                self.id,
+                p,
+                self.term,
+                commit=min(self.progress[p].match, self.log.committed),
+            )
+            for p in self._others()
+        ]
+
     def forget_progress(self, peer: str) -> None:
         """As leader, forgets what `peer`'s log was known to hold (its store was replaced):
         it is probed again from the end of this log."""

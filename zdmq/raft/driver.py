@@ -33,6 +33,14 @@ once. One pump round:
 and repeats while any core has more. Rounds with nothing to persist (heartbeats, their
 answers, commits) skip the thread and the store.
 
+Slow rounds. A round's ticks are fed after its messages, and at most half an election
+timeout of them at once: a write or a stalled loop that held the pump for longer would
+otherwise turn into a burst of ticks with no message between them, which a leader's
+CheckQuorum takes for silence (it steps down) and a follower for a dead leader. While
+the pump waits for a write, each tick has every group this node leads send its
+heartbeats (`RaftCore.heartbeats`, which changes nothing and reads no storage), so a
+slow disk on the leader does not look like a dead leader to its followers.
+
 Why the cores see no input between `ready()` and `advance()`. `RaftCore` itself would
 take a `step` there (`advance` marks only what that `Ready` held as persisted, checking
 the term of the last entry, as etcd's raft does), but a core reads its `GroupLog` while
@@ -44,7 +52,10 @@ cannot happen either, since one round takes one `Ready` per core and advances it
 
 The transport. All messages of all groups for one peer that a round produces go in one
 payload (msgpack, `encode_messages`); at most one send per peer is in flight, and what
-queues meanwhile goes in the next payload. A peer's queue is bounded (messages and
+queues meanwhile goes in the next payload. A peer's payload is answered in the reply to
+its call (`exchange`): the receiver waits (briefly) for the round that takes it and
+replies with what that round has for the caller, so an append and its acknowledgement
+cost one call. A peer's queue is bounded (messages and
 bytes); beyond it messages are dropped, as are those of a send that fails: Raft
 retransmits what matters (heartbeats, probes after a rejection), so loss costs time, not
 safety. `receive(payload)` decodes and checks a whole payload, then queues it; a payload
@@ -427,6 +438,7 @@ class RaftHost:
         self._send = send
         self._apply = apply
         self.transfer_check_ticks = transfer_check_ticks
+        self._max_ticks = max(1, election_ticks // 2)
         self.max_queued_messages = max_queued_messages
         self.max_queued_bytes = max_queued_bytes
         self.max_payload_bytes = max_payload_bytes
@@ -484,6 +496,8 @@ class RaftHost:
         }
         # The term each group is led by this member in, None while it is not leader.
         self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
+        # Whether the pump waits for a write (see `_beat_while_writing`).
+        self._writing = False
         # Hard states that moved only their commit index, not written yet: group -> state.
         self._lazy_hard: dict[str, HardState] = {}
         # Peers' payloads waiting for this node's answer (`exchange`): those received
@@ -508,6 +522,7 @@ class RaftHost:
                 "messages_dropped",  # over a peer's queue bound, a failed send, a full inbox
                 "payloads_sent",
                 "payloads_answered",  # payloads sent in the reply to a peer's (`exchange`)
+                "heartbeats_while_writing",  # sent by a leader while a slow write ran
                 "bad_answers",  # answers refused as not well formed
                 "send_failures",
                 "proposals",  # taken by a core as leader
@@ -651,7 +666,7 @@ class RaftHost:
         self._inbox.extend(items)
         self._wakeup()
 
-    async def exchange(self, payload: bytes, sender: str, wait_s: float = 0.5) -> bytes | None:
+    async def exchange(self, payload: bytes, sender: str, wait_s: float = 0.2) -> bytes | None:
         """`receive` a payload from peer `sender`, then wait (up to `wait_s`) for the pump
         round that takes it, and return what that round has for `sender` (its answers,
         and anything else queued for it) as a payload, None if nothing: so a peer's
@@ -692,7 +707,22 @@ class RaftHost:
         while True:
             await asyncio.sleep(self.tick_s)
             self._ticks += 1
+            if self._writing:
+                self._beat_while_writing()
             self._wakeup()
+
+    def _beat_while_writing(self) -> None:
+        """A tick while the pump waits for a write (a slow fsync): the ticks wait for
+        the round to end, but each group this node leads sends its heartbeats now, so
+        that its followers, which keep ticking, do not take a slow disk for a dead
+        leader and elect another."""
+        for gid, core in self._cores.items():
+            beats = core.heartbeats()
+            for m in beats:
+                self._enqueue(gid, m)
+            if beats:
+                self.counters["heartbeats_while_writing"] += len(beats)
+        self._flush_peers()
 
     # -- what the host knows --------------------------------------------------------------
 
@@ -811,7 +841,11 @@ class RaftHost:
                 ids, prob, clear = self.book.take_changes()
                 hards = [(self._logs[g], h) for g, h in lazy.items()]
                 lazy.clear()
-                await asyncio.to_thread(self._persist, writes, hards, ids, prob, clear, selves)
+                self._writing = True
+                try:
+                    await asyncio.to_thread(self._persist, writes, hards, ids, prob, clear, selves)
+                finally:
+                    self._writing = False
                 self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
@@ -883,7 +917,11 @@ class RaftHost:
                 continue
             self.counters["proposals"] += 1
             self._pending[p.group][index] = (core.term, p.future)
-        ticks, self._ticks = self._ticks, 0
+        # The ticks that passed while a round ran count up to half an election timeout:
+        # more at once, with no message between them, would look like silence (a
+        # leader's CheckQuorum round with nobody heard from, a follower's timeout) when
+        # it was only this node that was busy (a slow write, a stalled loop).
+        ticks, self._ticks = min(self._ticks, self._max_ticks), 0
         for _ in range(ticks):
             for core in cores.values():
                 core.tick()
