@@ -990,8 +990,9 @@ async def test_hosts_over_http_with_fsync_elect_commit_and_refuse_bad_calls(
         for g in c.groups:
             await until(lambda g=g: c.converged(g, 20), f"{g} applied everywhere")
         assert all(h.counters["payloads_sent"] > 0 for h in c.hosts.values())
-        # Followers' answers ride on the replies to their leaders' calls.
-        assert all(h.counters["payloads_answered"] > 0 for h in c.hosts.values())
+        # Followers' answers ride on the replies to their leaders' calls (when their round
+        # is quick: else they follow in calls of their own).
+        assert sum(h.counters["payloads_answered"] for h in c.hosts.values()) > 0
         url = net.urls["n1"] + RAFT_PATH
         pool = net.pools["n0"]
         # A heartbeat of n0's (it leads group n0): n1's answer comes in the 200's body.
@@ -999,7 +1000,11 @@ async def test_hosts_over_http_with_fsync_elect_commit_and_refuse_bad_calls(
         beat = encode_messages(
             [("n0", Message(MsgType.HEARTBEAT, "n0", "n1", lead_term))], c.stores["n0"].identity
         )
-        reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=beat)
+        for _ in range(50):  # a round slower than ANSWER_WAIT_S (a busy machine): 204
+            reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=beat)
+            if reply.status == 200:
+                break
+            assert reply.status == 204
         assert reply.status == 200 and reply.headers["content-type"] == RAFT_CONTENT_TYPE
         answers = decode_messages(reply.body)[1]
         assert (

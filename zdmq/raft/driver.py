@@ -135,6 +135,9 @@ RAFT_CONTENT_TYPE = "application/vnd.zdmq.raft+msgpack"
 
 #: Carries a payload to a peer; returns the peer's answer payload (`exchange`), if any.
 Send = Callable[[str, bytes], Awaitable[bytes | None]]
+#: How long a node waits for its round before it replies to a peer's payload without
+#: its answers (`RaftHost.exchange`): about one quick round (a write and its fsync).
+ANSWER_WAIT_S = 0.003
 Apply = Callable[[str, Entry], Any]
 
 # ---- wire encoding --------------------------------------------------------------------------
@@ -666,12 +669,16 @@ class RaftHost:
         self._inbox.extend(items)
         self._wakeup()
 
-    async def exchange(self, payload: bytes, sender: str, wait_s: float = 0.2) -> bytes | None:
+    async def exchange(
+        self, payload: bytes, sender: str, wait_s: float = ANSWER_WAIT_S
+    ) -> bytes | None:
         """`receive` a payload from peer `sender`, then wait (up to `wait_s`) for the pump
         round that takes it, and return what that round has for `sender` (its answers,
         and anything else queued for it) as a payload, None if nothing: so a peer's
         answer rides on the reply to its call, and an exchange costs one call, not two.
-        What is not taken in time goes as usual, in a call of this node's own."""
+        What is not taken in time goes as usual, in a call of this node's own: the
+        caller has one call in flight to this node, so a long wait would hold back its
+        next payload (under load, rounds are long and the calls pipeline instead)."""
         self.receive(payload, sender=sender)
         if sender not in self._peers:
             return None
