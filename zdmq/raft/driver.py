@@ -678,10 +678,11 @@ class RaftHost:
         answer rides on the reply to its call, and an exchange costs one call, not two.
         What is not taken in time goes as usual, in a call of this node's own: the
         caller has one call in flight to this node, so a long wait would hold back its
-        next payload (under load, rounds are long and the calls pipeline instead)."""
+        next payload. So it does not wait at all while a round is writing (under load,
+        rounds are long and the calls pipeline instead)."""
         self.receive(payload, sender=sender)
-        if sender not in self._peers:
-            return None
+        if sender not in self._peers or self._writing:
+            return None  # a round is writing: this payload waits for the next one
         fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         self._answering_next.setdefault(sender, []).append(fut)
         try:
