@@ -1,7 +1,7 @@
 """Profile one `zdmq bench` workload on a fresh local cluster, and count what it cost.
 
     .venv/bin/python loadtest/profile_workload.py WORKLOAD [--nodes 1]
-        [--durability fsync|os|memory] [--profiler py-spy|pyinstrument|none]
+        [--durability fsync|os|memory] [--replication 1] [--profiler py-spy|pyinstrument|none]
         [--target node|client] [--mode cpu|wall] [--rate 500] [--quick] [--top 25]
         [--out DIR] [knob overrides: --messages N ...]
 
@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", choices=("node", "client"), default=None)
     ap.add_argument("--mode", choices=("cpu", "wall"), default="cpu", help="py-spy only")
     ap.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
+    ap.add_argument("--replication", type=int, default=1, help="copies of each message")
     ap.add_argument("--quick", action="store_true", help="Knobs.quick(): a smoke run")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument(
@@ -317,9 +318,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"profile: {args.workload}, {args.nodes} node(s), durability {args.durability}, "
+        f"replication {args.replication}, "
         f"{args.profiler}" + ("" if args.profiler == "none" else f" on the {target}")
     )
-    with zdmq_systems([args.nodes], [args.durability]) as specs:
+    with zdmq_systems([args.nodes], [args.durability], args.replication) as specs:
         spec = next(s for s in specs if "prefetch" not in s.options)
         pids = spec.server_pids
         h0, io0, cpu0 = _health(spec), _io(pids), workloads.cpu_seconds(pids)

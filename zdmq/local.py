@@ -8,16 +8,25 @@ down to its node (`--listen-fd`), so there is no window in which a port could be
 The cluster keeps its copy of each socket for its whole life: a killed node's port
 stays bound (calls to it wait rather than being refused) until the node restarts, or
 until `release_port` closes it (calls are then refused, as a crashed host's would be).
+
+With replication, a node started (or restarted) is ready once it also leads its own
+replica group again, as it does within a second or so of catching up (the group's
+leader hands it back), so a call made to it right after is served and not sent away with
+a 421: `start`, `start_node` and `restart` wait for that too, whenever a majority of the
+group's members runs (without one, no member can lead).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +35,7 @@ from typing import Any
 import yaml
 
 from zdmq.config import ClusterConfig
+from zdmq.routing import group_members
 
 __all__ = ["LocalCluster", "NodeProcess"]
 
@@ -189,12 +199,43 @@ class LocalCluster:
                 n.start()
         for n in self.nodes.values():
             n.wait_ready(timeout_s)
+        for node_id in self.nodes:
+            self.wait_leading(node_id, timeout_s)
         return self
 
     def start_node(self, node_id: str, timeout_s: float = 60.0) -> None:
         n = self.nodes[node_id]
         n.start()
         n.wait_ready(timeout_s)
+        self.wait_leading(node_id, timeout_s)
+
+    def wait_leading(self, node_id: str, timeout_s: float = 60.0) -> None:
+        """With replication: waits until `node_id` leads its own replica group, when a
+        majority of that group's members runs here (else returns at once)."""
+        config = self.config
+        if config.replication <= 1 or node_id not in config.node_ids:
+            return
+        members = group_members(config.node_ids, config.replication)[node_id]
+        running = [m for m in members if m in self.nodes and self.nodes[m].running]
+        if 2 * len(running) <= len(members):
+            return
+        url = config.node(node_id).url + "/v1/health"
+        ctx = config.client_ssl()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5, context=ctx) as r:
+                    groups = json.loads(r.read()).get("groups", {})
+                if groups.get(node_id, {}).get("role") == "leader":
+                    return
+            except (OSError, ValueError):
+                pass  # not answering yet, or busy: asked again
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"node {node_id} does not lead its replica group after {timeout_s}s:\n"
+                    + self.nodes[node_id].log_tail()
+                )
+            time.sleep(0.05)
 
     def kill(self, node_id: str) -> None:
         """SIGKILL: no shutdown code runs (a crash)."""

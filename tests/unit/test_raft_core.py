@@ -18,6 +18,7 @@ from zdmq.raft import (
     Ready,
     Role,
 )
+from zdmq.raft.core import SENT_BEFORE_PERSIST
 
 
 class Group:
@@ -132,13 +133,16 @@ def test_a_single_node_elects_itself_and_commits_once_persisted() -> None:
     assert core.role is Role.LEADER and core.term == 1
     rd = core.ready()
     assert [e.data for e in rd.entries] == [None]
-    assert rd.hard_state == HardState(term=1, vote="a", commit=1)
-    assert rd.committed == ()  # committed, but not persisted yet
+    # Its own log counts toward a commit only once persisted.
+    assert rd.hard_state == HardState(term=1, vote="a", commit=0)
+    assert rd.committed == ()
     persist(disk, rd)
     core.advance(rd)
+    assert core.log.committed == 1
     index = core.propose(b"x")
     rd = core.ready()
     assert rd.entries == (Entry(1, index, b"x"),) and rd.committed == (Entry(1, 1, None),)
+    assert rd.hard_state == HardState(term=1, vote="a", commit=1)
     persist(disk, rd)
     core.advance(rd)
     assert core.ready().committed == (Entry(1, index, b"x"),)
@@ -213,6 +217,67 @@ def test_entries_replicate_and_commit_on_a_majority() -> None:
     want = [(1, None)] + [(1, f"e{k}".encode()) for k in range(5)]
     assert all(g.log_of(i) == want for i in g.ids)
     assert all([(e.term, e.data) for e in g.applied[i]] == want for i in g.ids)
+
+
+def test_a_leader_counts_its_own_entry_toward_a_commit_only_once_persisted() -> None:
+    # Its appends may leave before its own write is durable; a follower's acknowledgement
+    # that arrives meanwhile makes one copy of two, not a majority of three.
+    g = Group(3)
+    g.elect("n0")
+    g.tick_all(2)
+    lead = g["n0"]
+    index = lead.propose(b"x")
+    rd = lead.ready()
+    assert [e.index for e in rd.entries] == [index]
+    appends = [m for m in rd.messages if m.type is MsgType.APPEND]
+    assert {m.dst for m in appends} == {"n1", "n2"} and all(
+        m.type in SENT_BEFORE_PERSIST for m in appends
+    )
+    g["n1"].step(next(m for m in appends if m.dst == "n1"))
+    ack = next(m for m in g["n1"].ready().messages if m.type is MsgType.APPEND_RESP)
+    assert ack.index == index and ack.type not in SENT_BEFORE_PERSIST
+    lead.step(ack)
+    assert lead.log.committed == index - 1  # not persisted here yet
+    persist(g.disks["n0"], rd)
+    lead.advance(rd)
+    assert lead.log.committed == index
+    assert [e.data for e in lead.ready().committed] == [b"x"]
+
+
+def test_a_leader_does_not_send_a_message_only_to_announce_a_commit() -> None:
+    g = Group(3)
+    g.elect("n0")
+    g.tick_all(2)
+    g["n0"].propose(b"x")
+    g.deliver()
+    assert g["n0"].log.committed == 2 and g["n1"].log.committed == 1
+    g.tick("n0")  # the next heartbeat (or append) carries it
+    g.deliver()
+    assert g["n1"].log.committed == g["n2"].log.committed == 2
+
+
+def test_a_leaders_heartbeats_for_a_slow_write_change_nothing() -> None:
+    g = Group(3)
+    g.elect("n0")
+    g.tick_all(2)
+    lead = g["n0"]
+    lead.propose(b"x")
+    before = (lead.term, lead.log.committed, dict(lead.progress), lead.has_ready())
+    beats = lead.heartbeats()
+    assert sorted(m.dst for m in beats) == ["n1", "n2"]
+    assert all(m.type is MsgType.HEARTBEAT and m.term == lead.term for m in beats)
+    assert all(m.commit == min(lead.progress[m.dst].match, lead.log.committed) for m in beats)
+    assert (lead.term, lead.log.committed, dict(lead.progress), lead.has_ready()) == before
+    assert g["n1"].heartbeats() == []
+
+
+def test_a_restarted_core_takes_what_its_state_machine_applied_as_committed() -> None:
+    # Applied while the commit index that covered it was not yet written.
+    disk = MemoryStorage()
+    disk.append([Entry(1, 1, None), Entry(1, 2, b"a"), Entry(1, 3, b"b")])
+    disk.set_hard_state(HardState(term=1, vote="n0", commit=1))
+    core = RaftCore("n1", ["n0", "n1", "n2"], disk, random.Random(0), applied=2)
+    assert core.log.committed == 2 and core.ready().committed == ()
 
 
 def test_a_follower_rejects_an_append_whose_previous_entry_does_not_match() -> None:
@@ -357,6 +422,7 @@ def test_old_term_entries_commit_with_the_first_entry_of_the_current_term() -> N
     g.elect("n0")
     g.deliver()
     assert g["n0"].log.committed == 3  # entry 2 (term 2) with entry 3 (term 4)
+    g.tick_all()  # the followers hear of the commit with the next heartbeat
     assert [e.term for e in g.applied["n1"]] == [1, 2, 4]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +32,7 @@ from zdmq.auth import NodeSigner, NodeVerifier
 from zdmq.errors import NodeUnavailable
 from zdmq.raft import Entry, Message, MsgType, NotLeader, Role
 from zdmq.raft.driver import (
+    RAFT_CONTENT_TYPE,
     RAFT_PATH,
     BadRaftPayload,
     RaftHost,
@@ -101,7 +103,10 @@ class Cluster:
             host = self.hosts.get(peer)
             if host is None:
                 raise ConnectionRefusedError(f"{peer} is down")
-            host.receive(payload)
+            answer = await host.exchange(payload, src)
+            if self.sides is not None and self.sides[src] != self.sides[peer]:
+                raise ConnectionError("partitioned")  # cut off while it answered
+            return answer
 
         return send
 
@@ -336,6 +341,71 @@ async def test_proposals_apply_in_one_order_on_every_member_and_answer_the_propo
             assert all(e == entries[0] for e in entries)  # empty entries too, same terms
 
 
+async def test_a_leader_sends_its_appends_while_it_writes_its_own_copy(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        lead = c.hosts["n0"]
+        sent = threading.Event()  # an append carrying b"x" left for a follower
+        send, persist = lead._send, lead._persist
+
+        async def watching_send(peer: str, payload: bytes) -> bytes | None:
+            if any(m.type is MsgType.APPEND and m.entries for _, m in decode_messages(payload)[1]):
+                sent.set()
+            return await send(peer, payload)
+
+        def slow_persist(*args: Any) -> None:  # in the worker thread
+            if args[0]:  # a write of entries: the leader's own copy of b"x"
+                sent.wait(timeout=2.0)
+                assert sent.is_set(), "the write waited for nothing: no append left before it"
+            persist(*args)
+
+        lead._send = watching_send  # type: ignore[method-assign]
+        lead._persist = slow_persist  # type: ignore[method-assign]
+        assert (await lead.propose("n0", b"x"))[2] == b"x"
+        assert lead.failed is None
+
+
+async def test_a_leader_whose_write_is_slow_keeps_its_followers_from_electing(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        lead = c.hosts["n0"]
+        term = lead.leader("n0")[1]
+        persist = lead._persist
+
+        def slow_persist(*args: Any) -> None:  # in the worker thread
+            if args[0]:
+                time.sleep(25 * TICK_S)  # over twice the longest election timeout
+            persist(*args)
+
+        lead._persist = slow_persist  # type: ignore[method-assign]
+        assert (await lead.propose("n0", b"x"))[2] == b"x"
+        # It heartbeat through the write: no member of its group campaigned.
+        assert lead.counters["heartbeats_while_writing"] > 0
+        assert c.leader_of("n0") == "n0" and lead.leader("n0")[1] == term
+        assert all(c.hosts[n].leader("n0") == ("n0", term) for n in c.groups["n0"])
+
+
+async def test_a_proposal_is_answered_without_waiting_to_write_the_commit_index(
+    tmp_path: Path,
+) -> None:
+    # Slow ticks: no tick's write of the commit index falls inside the proposal.
+    async with cluster(tmp_path, 3, tick_s=0.5) as c:
+        await until(lambda: c.leader_of("n0") == "n0", "n0 leads its group")
+        lead = c.hosts["n0"]
+        await lead.propose("n0", b"warm")
+        commits = c.stores["n0"].commits
+        await lead.propose("n0", b"x")
+        # The entry's write, and nothing before the answer: the commit index that moved
+        # is written with the next write (or tick), and a restart takes what was applied.
+        assert c.stores["n0"].commits == commits + 1
+        await c.stop("n0")
+        c.start("n0")
+        await until(lambda: c.leader_of("n0") is not None, "n0's group elects")
+        assert c.datas("n0", "n0") == [b"warm", b"x"]  # each applied once
+
+
 async def test_propose_on_a_follower_raises_not_leader_with_the_leader_hint(
     tmp_path: Path,
 ) -> None:
@@ -565,9 +635,12 @@ async def test_a_fresh_cluster_elects_with_no_preferred_leader_and_sends_its_ide
     def recording(src: str) -> Callable[[str, bytes], Any]:
         inner = local(src)
 
-        async def send(peer: str, payload: bytes) -> None:
+        async def send(peer: str, payload: bytes) -> bytes | None:
             sent.append((src, payload))
-            await inner(peer, payload)
+            answer: bytes | None = await inner(peer, payload)
+            if answer is not None:
+                sent.append((peer, answer))
+            return answer
 
         return send
 
@@ -917,8 +990,27 @@ async def test_hosts_over_http_with_fsync_elect_commit_and_refuse_bad_calls(
         for g in c.groups:
             await until(lambda g=g: c.converged(g, 20), f"{g} applied everywhere")
         assert all(h.counters["payloads_sent"] > 0 for h in c.hosts.values())
+        # Followers' answers ride on the replies to their leaders' calls (when their round
+        # is quick: else they follow in calls of their own).
+        assert sum(h.counters["payloads_answered"] for h in c.hosts.values()) > 0
         url = net.urls["n1"] + RAFT_PATH
         pool = net.pools["n0"]
+        # A heartbeat of n0's (it leads group n0): n1's answer comes in the 200's body.
+        lead_term = c.hosts["n0"].leader("n0")[1]
+        beat = encode_messages(
+            [("n0", Message(MsgType.HEARTBEAT, "n0", "n1", lead_term))], c.stores["n0"].identity
+        )
+        for _ in range(50):  # a round slower than ANSWER_WAIT_S (a busy machine): 204
+            reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=beat)
+            if reply.status == 200:
+                break
+            assert reply.status == 204
+        assert reply.status == 200 and reply.headers["content-type"] == RAFT_CONTENT_TYPE
+        answers = decode_messages(reply.body)[1]
+        assert (
+            "n0",
+            Message(MsgType.HEARTBEAT_RESP, "n1", "n0", lead_term),
+        ) in answers
         # A malformed payload: 400 with zdmq's error body; the host goes on.
         reply = await pool.request("POST", net.urls["n1"], RAFT_PATH, data=b"\xc1\xc1")
         assert reply.status == 400

@@ -36,9 +36,12 @@ def test_runs_exercise_the_faults_they_claim() -> None:
     assert sum(r.compactions for r in results) > 200
     assert sum(r.snapshots_installed for r in results) > 20
     assert sum(r.install_crashes for r in results) > 3
+    assert sum(r.lost_early_writes for r in results) > 5
     assert sum(r.leaders for r in results) > 100  # terms that had a leader
     assert sum(r.acked for r in results) > 800
-    assert all(r.proposed >= r.acked > 0 for r in results)
+    assert all(r.proposed >= r.acked for r in results)
+    # (A run whose leaders all fail fast may never take a proposal.)
+    assert sum(r.acked > 0 for r in results) >= len(results) - 2
 
 
 def test_a_run_replays_exactly_from_its_seed() -> None:
@@ -54,19 +57,19 @@ def test_a_broken_commit_rule_is_caught_with_a_replay_command(
 ) -> None:
     # Committing by counting replicas of an older term's entry (what section 5.4.2 forbids).
     def commit_by_counting(self: core.RaftCore) -> bool:
-        self.progress[self.id].match = self.log.last_index()
+        self.progress[self.id].match = self.log.offset - 1
         matches = sorted((pr.match for pr in self.progress.values()), reverse=True)
         return self.log.commit_to(matches[self._quorum() - 1])
 
     monkeypatch.setattr(core.RaftCore, "_maybe_commit", commit_by_counting)
     # Plain Raft (no lost disks, no guards of new stores, no compaction), where this seed
     # reaches the state Figure 8 of the Raft paper describes.
-    cfg = SimConfig(nodes=5, disk_loss=0.0, identity_rule=False, compact_every=(0,))
+    cfg = SimConfig(nodes=5, steps=1500, disk_loss=0.0, identity_rule=False, compact_every=(0,))
     with pytest.raises(SimFailure) as e:
-        sim.run(234, cfg)
+        sim.run(32, cfg)
     assert "over the committed" in str(e.value)
     assert (
-        "python -m zdmq.raft.sim --seed 234 --steps 400 --nodes 5 --disk-loss 0.0 "
+        "python -m zdmq.raft.sim --seed 32 --steps 1500 --nodes 5 --disk-loss 0.0 "
         "--no-compaction --no-identity-rule"
     ) in str(e.value)
 
@@ -141,4 +144,4 @@ def test_a_restore_that_resets_the_log_whatever_it_holds_is_caught(
 
     monkeypatch.setattr(core.RaftCore, "restore", restore_anything)
     with pytest.raises(AssertionError):
-        sim.run(28, SimConfig(nodes=3))
+        sim.run(45, SimConfig(nodes=3))

@@ -29,6 +29,8 @@ from zdmq.raft import (
     Entry,
     HardState,
     MemoryStorage,
+    Message,
+    MsgType,
     RaftCore,
     Ready,
     Role,
@@ -109,13 +111,22 @@ def test_the_hard_state_is_replaced_whole(disk: WritableStorage) -> None:
 
 
 def test_persist_writes_a_readys_entries_then_its_hard_state(disk: WritableStorage) -> None:
-    core = RaftCore("n0", ["n0"], disk, random.Random(0))
-    core.campaign()
-    core.propose(b"a")
+    # A follower's Ready: an append's entries, and the commit index it announced.
+    core = RaftCore("n0", ["n0", "n1"], disk, random.Random(0))
+    core.step(
+        Message(
+            MsgType.APPEND,
+            "n1",
+            "n0",
+            1,
+            entries=(Entry(1, 1, None), Entry(1, 2, b"a")),
+            commit=2,
+        )
+    )
     rd = core.ready()
     assert rd.hard_state is not None and rd.hard_state.commit == 2  # needs the entries first
     disk.persist(rd)
-    assert contents(disk) == (HardState(1, "n0", 2), [Entry(1, 1, None), Entry(1, 2, b"a")])
+    assert contents(disk) == (HardState(1, None, 2), [Entry(1, 1, None), Entry(1, 2, b"a")])
 
 
 def test_reads_and_writes_out_of_range_are_refused(disk: WritableStorage) -> None:

@@ -607,7 +607,7 @@ class Client:
             self.placement.owner(queue),
             "POST",
             f"/v1/queues/{queue}/{kind}",
-            params={**params, "wait_s": repr(remaining)},
+            params={**params, "wait_s": f"{remaining:.6f}"},  # repr may give 19 decimals
             headers=_ACCEPT,
             timeout_s=remaining + self._timeout_s,
             once=kind == "pop",

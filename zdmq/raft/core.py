@@ -6,14 +6,24 @@ from a peer), `propose(data)` and `campaign()` / `transfer_leadership(to)`, and 
 takes a `Ready`:
 
     rd = core.ready()
-    storage.append(rd.entries); storage.set_hard_state(rd.hard_state)   # 1. persist
-    send(rd.messages)                                                   # 2. then send
-    apply(rd.committed)                                                 # 3. apply
+    send(m for m in rd.messages if m.type in SENT_BEFORE_PERSIST)       # 1. may go at once
+    storage.append(rd.entries); storage.set_hard_state(rd.hard_state)   # 2. persist
+    send(m for m in rd.messages if m.type not in SENT_BEFORE_PERSIST)   # 3. then the rest
+    apply(rd.committed)                                                 # 4. apply
     core.advance(rd)
 
 Persisting before sending is what makes a vote or an acknowledgement a promise: no
-message leaves the node that depends on state a crash could lose. The entries a
-`Ready` hands out for applying are committed *and* persisted locally.
+answer leaves the node that depends on state a crash could lose. A leader's own
+messages (appends, heartbeats: `SENT_BEFORE_PERSIST`) may leave before its write is
+durable, so the followers write their copies while the leader writes its own (Raft
+thesis, 10.2.1): the leader counts its own log toward a commit only as far as the
+driver has persisted it (`advance`), so a crash that loses its unsynced write loses
+nothing committed. The entries a `Ready` hands out for applying are committed *and*
+persisted locally, so they may be applied before the `Ready` they come in is persisted;
+the commit index the hard state records may then trail what the state machine applied
+(the driver passes `applied`, and the core takes it as committed when it restarts).
+A leader does not send a message only to announce a new commit index: the followers
+learn it from the next append or heartbeat.
 
 What it does (Raft, Ongaro and Ousterhout 2014, with etcd-io/raft's refinements):
   * Leader election with randomised election timeouts, drawn from an injected
@@ -87,6 +97,7 @@ from zdmq.raft.identity import judge_ack
 from zdmq.raft.storage import Entry, HardState, SnapshotMeta, Storage
 
 __all__ = [
+    "SENT_BEFORE_PERSIST",
     "Message",
     "MsgType",
     "NotLeader",
@@ -149,6 +160,11 @@ class Message:
     reject_hint: int = 0
     #: A vote asked for at the leader's request (leadership transfer): bypasses the lease.
     force: bool = False
+
+
+#: The messages a driver may send before it persists the `Ready` that holds them: only a
+#: leader sends these, and they promise nothing about its own log (see the module doc).
+SENT_BEFORE_PERSIST = frozenset({MsgType.APPEND, MsgType.HEARTBEAT})
 
 
 class NotLeader(Exception):
@@ -333,8 +349,13 @@ class RaftCore:
         self.vote = hard.vote
         self.log = _Log(storage, offset=storage.last_index() + 1)
         assert hard.commit <= self.log.last_index()
-        self.log.committed = hard.commit
-        assert storage.snapshot().index <= applied <= hard.commit, (applied, hard.commit)
+        # The state machine may have applied committed entries whose commit index was
+        # not yet persisted (they were persisted, and committed, when it applied them).
+        assert storage.snapshot().index <= applied <= self.log.last_index(), (
+            applied,
+            self.log.last_index(),
+        )
+        self.log.committed = max(hard.commit, applied)
         self.log.applied = applied
         self._persisted_hard = hard
         self.role = Role.FOLLOWER
@@ -400,6 +421,23 @@ class RaftCore:
         self._maybe_commit()
         self._broadcast_append()
         return index
+
+    def heartbeats(self) -> list[Message]:
+        """As leader, the heartbeats a tick sends, for a driver to send while this core
+        waits for its `Ready` to be persisted (a long write must not look like a dead
+        leader to the followers). Changes nothing and reads no storage; [] if not leader."""
+        if self.role is not Role.LEADER:
+            return []
+        return [
+            Message(
+                MsgType.HEARTBEAT,
+                self.id,
+                p,
+                self.term,
+                commit=min(self.progress[p].match, self.log.committed),
+            )
+            for p in self._others()
+        ]
 
     def forget_progress(self, peer: str) -> None:
         """As leader, forgets what `peer`'s log was known to hold (its store was replaced):
@@ -573,6 +611,8 @@ class RaftCore:
         if rd.entries:
             last = rd.entries[-1]
             self.log.stable_to(last.index, last.term)
+            if self.role is Role.LEADER:
+                self._maybe_commit()  # its own log now counts as far as it is persisted
         if rd.committed:
             self.log.applied = rd.committed[-1].index
 
@@ -608,7 +648,6 @@ class RaftCore:
         last = self.log.last_index()
         self.progress = {p: Progress(next=last + 1, active=p == self.id) for p in self.peers}
         self.log.append([Entry(self.term, last + 1, None)])
-        self.progress[self.id].match = last + 1
         self._maybe_commit()
         self._broadcast_append()
 
@@ -774,9 +813,8 @@ class RaftCore:
                 pr.match = m.index
                 pr.next = max(pr.next, m.index + 1)
                 pr.probing = False
-                if self._maybe_commit():
-                    self._broadcast_append()
-                elif pr.next <= self.log.last_index():
+                self._maybe_commit()  # the followers hear of it with the next message
+                if pr.next <= self.log.last_index():
                     self._send_append(m.src)
             if m.src == self._transferee and pr.match == self.log.last_index():
                 self._send(MsgType.TIMEOUT_NOW, m.src)
@@ -807,8 +845,11 @@ class RaftCore:
     # -- replication ----------------------------------------------------------------------
 
     def _maybe_commit(self) -> bool:
-        """Commit the highest index a majority holds, if that entry is of this term (5.4.2)."""
-        self.progress[self.id].match = self.log.last_index()
+        """Commit the highest index a majority holds, if that entry is of this term (5.4.2).
+
+        The leader holds its own entries once they are persisted: `log.offset - 1` is
+        the last index the driver persisted (everything before `unstable`)."""
+        self.progress[self.id].match = self.log.offset - 1
         probation = self.probation
         matches = sorted(
             (pr.match for p, pr in self.progress.items() if p not in probation), reverse=True
@@ -819,7 +860,13 @@ class RaftCore:
         index = matches[q - 1]
         if index > self.log.committed and self.log.term_at(index) == self.term:
             self.proven = True
-            return self.log.commit_to(index)
+            self.log.commit_to(index)
+            # Members on probation are lifted by an acknowledgement of an append that
+            # announced a commit of this term (identity.judge_ack): they hear of it now.
+            for p in sorted(probation):
+                if p != self.id and p in self.progress:
+                    self._send_append(p, even_if_empty=True)
+            return True
         return False
 
     def _broadcast_append(self) -> None:

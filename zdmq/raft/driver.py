@@ -13,21 +13,38 @@ once. One pump round:
      first, so heartbeats that queued during a slow fsync count before the ticks that
      queued with them);
   2. takes `ready()` from every core that `has_ready()`;
-  3. persists all of them in ONE `store.batch()` (one transaction, one fsync), in a
-     worker thread (`asyncio.to_thread`), so the fsync does not block the loop; inputs
-     that arrive meanwhile wait in the inbox and go into the next round, which is what
-     makes one fsync carry many proposals of many groups (group commit);
-  4. hands each round's messages to the transport, per peer;
-  5. applies the committed entries (`apply`), resolving the proposals they answer;
-  6. `advance`s every core it took a `Ready` from;
+  3. hands the leaders' appends and heartbeats (`SENT_BEFORE_PERSIST`) to the
+     transport at once, so followers write their copies while the leader writes its
+     own (a leader counts its own log toward a commit only once it is persisted);
+  4. applies the committed entries (`apply`), resolving the proposals they answer:
+     they were persisted in an earlier round and are committed, so a caller hears
+     while this round writes;
+  5. persists what must be durable in ONE `store.batch()` (one transaction, one
+     fsync), in a worker thread (`asyncio.to_thread`), so the fsync does not block the
+     loop; inputs that arrive meanwhile wait in the inbox and go into the next round,
+     which is what makes one fsync carry many proposals of many groups (group commit).
+     A hard state that moved only its commit index is not worth a write of its own: it
+     goes with the next write, or with the next tick's (a restart takes what the state
+     machine applied as committed, zdmq/raft/core.py);
+  6. hands the rest of the round's messages (answers, votes: promises about this
+     node's log) to the transport, per peer;
+  7. `advance`s every core it took a `Ready` from;
 
 and repeats while any core has more. Rounds with nothing to persist (heartbeats, their
-answers) skip the thread and the store.
+answers, commits) skip the thread and the store.
+
+Slow rounds. A round's ticks are fed after its messages, and at most half an election
+timeout of them at once: a write or a stalled loop that held the pump for longer would
+otherwise turn into a burst of ticks with no message between them, which a leader's
+CheckQuorum takes for silence (it steps down) and a follower for a dead leader. While
+the pump waits for a write, each tick has every group this node leads send its
+heartbeats (`RaftCore.heartbeats`, which changes nothing and reads no storage), so a
+slow disk on the leader does not look like a dead leader to its followers.
 
 Why the cores see no input between `ready()` and `advance()`. `RaftCore` itself would
 take a `step` there (`advance` marks only what that `Ready` held as persisted, checking
 the term of the last entry, as etcd's raft does), but a core reads its `GroupLog` while
-it steps, and during step 3 the worker thread is writing that `GroupLog` (its SQLite
+it steps, and during step 5 the worker thread is writing that `GroupLog` (its SQLite
 connection and in-memory caches, which are not safe to read while being written). So
 the cores are only ever touched by the pump, on the loop, outside the persist: inputs
 wait in the inbox until the round's `advance`. A second `ready()` before `advance()`
@@ -35,7 +52,10 @@ cannot happen either, since one round takes one `Ready` per core and advances it
 
 The transport. All messages of all groups for one peer that a round produces go in one
 payload (msgpack, `encode_messages`); at most one send per peer is in flight, and what
-queues meanwhile goes in the next payload. A peer's queue is bounded (messages and
+queues meanwhile goes in the next payload. A peer's payload is answered in the reply to
+its call (`exchange`): the receiver waits (briefly) for the round that takes it and
+replies with what that round has for the caller, so an append and its acknowledgement
+cost one call. A peer's queue is bounded (messages and
 bytes); beyond it messages are dropped, as are those of a send that fails: Raft
 retransmits what matters (heartbeats, probes after a rejection), so loss costs time, not
 safety. `receive(payload)` decodes and checks a whole payload, then queues it; a payload
@@ -99,12 +119,21 @@ import msgpack
 
 from zdmq import _http
 from zdmq.errors import BadRequest, NodeUnavailable
-from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.core import (
+    SENT_BEFORE_PERSIST,
+    Message,
+    MsgType,
+    NotLeader,
+    RaftCore,
+    Ready,
+    Role,
+)
 from zdmq.raft.identity import LiftReport, report_current
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
-from zdmq.raft.storage import Entry, SnapshotMeta
+from zdmq.raft.storage import Entry, HardState, SnapshotMeta
 
 __all__ = [
+    "RAFT_CONTENT_TYPE",
     "RAFT_PATH",
     "BadRaftPayload",
     "PulledSnapshot",
@@ -124,7 +153,11 @@ log = logging.getLogger("zdmq.raft")
 RAFT_PATH = "/v1/internal/raft"
 RAFT_CONTENT_TYPE = "application/vnd.zdmq.raft+msgpack"
 
-Send = Callable[[str, bytes], Awaitable[None]]
+#: Carries a payload to a peer; returns the peer's answer payload (`exchange`), if any.
+Send = Callable[[str, bytes], Awaitable[bytes | None]]
+#: How long a node waits for its round before it replies to a peer's payload without
+#: its answers (`RaftHost.exchange`): about one quick round (a write and its fsync).
+ANSWER_WAIT_S = 0.003
 Apply = Callable[[str, Entry], Any]
 
 # ---- wire encoding --------------------------------------------------------------------------
@@ -340,15 +373,17 @@ def decode_payload(
 
 def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: float = 1.0) -> Send:
     """The `send` of a `RaftHost` over HTTP: POSTs a payload to `<url of peer>` +
-    `RAFT_PATH` through `pool` (a node's pool signs node auth). A failed call raises
-    (the host drops that payload)."""
+    `RAFT_PATH` through `pool` (a node's pool signs node auth) and returns the peer's
+    answer payload (a 200's body; None for a 204). A failed call raises (the host
+    drops that payload)."""
     headers = {"Content-Type": RAFT_CONTENT_TYPE}
     targets = {peer: url.rstrip("/") + RAFT_PATH for peer, url in urls.items()}
 
-    async def send(peer: str, payload: bytes) -> None:
-        await _http.call(
+    async def send(peer: str, payload: bytes) -> bytes | None:
+        reply = await _http.call(
             pool, "POST", targets[peer], data=payload, headers=headers, timeout_s=timeout_s
         )
+        return reply.body if reply.status == 200 and reply.body else None
 
     return send
 
@@ -470,6 +505,7 @@ class RaftHost:
         self._send = send
         self._apply = apply
         self.transfer_check_ticks = transfer_check_ticks
+        self._max_ticks = max(1, election_ticks // 2)
         self.max_queued_messages = max_queued_messages
         self.max_queued_bytes = max_queued_bytes
         self.max_payload_bytes = max_payload_bytes
@@ -535,6 +571,14 @@ class RaftHost:
         }
         # The term each group is led by this member in, None while it is not leader.
         self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
+        # Whether the pump waits for a write (see `_beat_while_writing`).
+        self._writing = False
+        # Hard states that moved only their commit index, not written yet: group -> state.
+        self._lazy_hard: dict[str, HardState] = {}
+        # Peers' payloads waiting for this node's answer (`exchange`): those received
+        # before the round in progress took the inbox, and those received since.
+        self._answering: dict[str, list[asyncio.Future[bytes | None]]] = {}
+        self._answering_next: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._wake: asyncio.Event | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._tick_task: asyncio.Task[None] | None = None
@@ -552,6 +596,9 @@ class RaftHost:
                 "messages_received",
                 "messages_dropped",  # over a peer's queue bound, a failed send, a full inbox
                 "payloads_sent",
+                "payloads_answered",  # payloads sent in the reply to a peer's (`exchange`)
+                "heartbeats_while_writing",  # sent by a leader while a slow write ran
+                "bad_answers",  # answers refused as not well formed
                 "send_failures",
                 "proposals",  # taken by a core as leader
                 "applied",
@@ -608,6 +655,12 @@ class RaftHost:
         self._fail_all(RaftHostStopped(f"the Raft host of {self.node_id} is stopped"))
 
     def _fail_all(self, exc: Exception) -> None:
+        for waiting in (self._answering, self._answering_next):
+            for futs in waiting.values():
+                for fut in futs:
+                    if not fut.done():
+                        fut.set_result(None)
+            waiting.clear()
         for p in self._proposals:
             if not p.future.done():
                 p.future.set_exception(exc)
@@ -693,6 +746,44 @@ class RaftHost:
         self._inbox.extend(items)
         self._wakeup()
 
+    async def exchange(
+        self, payload: bytes, sender: str, wait_s: float = ANSWER_WAIT_S
+    ) -> bytes | None:
+        """`receive` a payload from peer `sender`, then wait (up to `wait_s`) for the pump
+        round that takes it, and return what that round has for `sender` (its answers,
+        and anything else queued for it) as a payload, None if nothing: so a peer's
+        answer rides on the reply to its call, and an exchange costs one call, not two.
+        What is not taken in time goes as usual, in a call of this node's own: the
+        caller has one call in flight to this node, so a long wait would hold back its
+        next payload. So it does not wait at all while a round is writing (under load,
+        rounds are long and the calls pipeline instead)."""
+        self.receive(payload, sender=sender)
+        if sender not in self._peers or self._writing:
+            return None  # a round is writing: this payload waits for the next one
+        fut: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._answering_next.setdefault(sender, []).append(fut)
+        try:
+            return await asyncio.wait_for(fut, wait_s)
+        except TimeoutError:
+            return None
+
+    def _answer(self) -> None:
+        """Hands each peer waiting in `exchange` (since before this round) what is queued
+        for it, as one payload; the others waiting for the same peer get None."""
+        waiting, self._answering = self._answering, {}
+        for pid, futs in waiting.items():
+            peer = self._peers[pid]
+            for fut in futs:
+                if fut.done():
+                    continue
+                if not peer.queue:
+                    fut.set_result(None)
+                    continue
+                payload, n = self._take_payload(pid, peer)
+                fut.set_result(payload)
+                self.counters["payloads_answered"] += 1
+                self.counters["messages_sent"] += n
+
     def _wakeup(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -701,7 +792,22 @@ class RaftHost:
         while True:
             await asyncio.sleep(self.tick_s)
             self._ticks += 1
+            if self._writing:
+                self._beat_while_writing()
             self._wakeup()
+
+    def _beat_while_writing(self) -> None:
+        """A tick while the pump waits for a write (a slow fsync): the ticks wait for
+        the round to end, but each group this node leads sends its heartbeats now, so
+        that its followers, which keep ticking, do not take a slow disk for a dead
+        leader and elect another."""
+        for gid, core in self._cores.items():
+            beats = core.heartbeats()
+            for m in beats:
+                self._enqueue(gid, m)
+            if beats:
+                self.counters["heartbeats_while_writing"] += len(beats)
+        self._flush_peers()
 
     # -- what the host knows --------------------------------------------------------------
 
@@ -771,55 +877,104 @@ class RaftHost:
             wake.clear()
             if self._pulled or self.compact_entries:
                 await self._snapshot_round()
-            self._feed()
+            # Those waiting for an answer to a payload this round takes.
+            for pid, futs in self._answering_next.items():
+                self._answering.setdefault(pid, []).extend(futs)
+            self._answering_next = {}
+            ticked = self._feed()
             self._start_pulls()
             work: list[tuple[str, RaftCore, Ready]] = [
                 (gid, core, core.ready()) for gid, core in self._cores.items() if core.has_ready()
             ]
-            if not work:
+            lazy = self._lazy_hard
+            if not work and not (lazy and ticked):
+                self._answer()
                 return
-            self.counters["pumps"] += 1
-            writes = [(self._logs[gid], rd) for gid, _, rd in work if rd.entries or rd.hard_state]
+            if work:
+                self.counters["pumps"] += 1
+            # 1. A leader's appends and heartbeats leave at once: its followers write
+            # their copies while it writes its own (its core counts its own log toward a
+            # commit only once `advance` says it is persisted).
+            late: list[tuple[str, Message]] = []
+            for gid, _, rd in work:
+                for m in rd.messages:
+                    if m.type in SENT_BEFORE_PERSIST:
+                        self._enqueue(gid, m)
+                    else:
+                        late.append((gid, m))
+            self._flush_peers()
+            # 2. Entries handed out to apply are committed and were persisted in an
+            # earlier round: applied now, so a proposal's caller hears while we write.
+            for gid, _, rd in work:
+                if rd.committed:
+                    self._apply_entries(gid, rd.committed)
+            # 3. One write for the round. A hard state that moved only its commit index
+            # waits for the next write (at the latest at the next tick): a restart
+            # takes what the state machine applied as committed.
+            writes: list[tuple[GroupLog, Ready]] = []
+            for gid, _, rd in work:
+                hard = rd.hard_state
+                if rd.entries or (hard is not None and not self._commit_only(gid, hard)):
+                    writes.append((self._logs[gid], rd))
+                    if hard is not None:
+                        lazy.pop(gid, None)  # this one is newer
+                elif hard is not None:
+                    lazy[gid] = hard
             selves = {
                 g: (c.proven, c.told)
                 for g, c in self._cores.items()
                 if self._self_states.get(g, (False, (0, 0))) != (c.proven, c.told)
             }
-            if writes or selves or self.book.has_changes():
+            if writes or selves or self.book.has_changes() or (lazy and ticked):
                 ids, prob, clear = self.book.take_changes()
-                await asyncio.to_thread(self._persist, writes, ids, prob, clear, selves)
+                hards = [(self._logs[g], h) for g, h in lazy.items()]
+                lazy.clear()
+                self._writing = True
+                try:
+                    await asyncio.to_thread(self._persist, writes, hards, ids, prob, clear, selves)
+                finally:
+                    self._writing = False
                 self._self_states.update(selves)
                 self.counters["fsync_batches"] += 1
                 self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
-            for gid, _, rd in work:
-                for m in rd.messages:
-                    self._enqueue(gid, m)
+            # 4. What promises this node's log or vote (answers, votes) leaves now: in
+            # the reply to a peer's payload that waits for it, else in a call of its own.
+            for gid, m in late:
+                self._enqueue(gid, m)
+            self._answer()
             self._flush_peers()
-            for gid, _, rd in work:
-                if rd.committed:
-                    self._apply_entries(gid, rd.committed)
             for _, core, rd in work:
                 core.advance(rd)
             self._check_pending()
 
+    def _commit_only(self, gid: str, hard: HardState) -> bool:
+        """Whether `hard` differs from the hard state last written only in its commit."""
+        old = self._logs[gid].hard_state()
+        return old.term == hard.term and old.vote == hard.vote
+
     def _persist(
         self,
         writes: list[tuple[GroupLog, Ready]],
+        hards: list[tuple[GroupLog, HardState]],
         ids: dict[str, str],
         prob: dict[tuple[str, str], int | None],
         clear: dict[tuple[str, str], str | None],
         selves: dict[str, tuple[bool, tuple[int, int]]],
     ) -> None:
-        """(In a worker thread.) Every group's Ready, what changed in the peer book and
-        in each core's `proven` / `told`, in one transaction and one fsync."""
+        """(In a worker thread.) Every group's Ready, the hard states that moved only
+        their commit index since their last write, what changed in the peer book and in
+        each core's `proven` / `told`, in one transaction and one fsync."""
         with self.store.batch():
+            for glog, hard in hards:
+                glog.set_hard_state(hard)
             for glog, rd in writes:
                 glog.persist(rd)
             self.store.save_peer_book(ids, prob, clear)
             self.store.save_self_states(selves)
 
-    def _feed(self) -> None:
-        """Gives the inbox to the cores: messages, proposals, then ticks."""
+    def _feed(self) -> int:
+        """Gives the inbox to the cores: messages, proposals, then ticks; returns how
+        many ticks."""
         cores = self._cores
         inbox = self._inbox
         book = self.book
@@ -850,7 +1005,11 @@ class RaftHost:
                 continue
             self.counters["proposals"] += 1
             self._pending[p.group][index] = (core.term, p.future)
-        ticks, self._ticks = self._ticks, 0
+        # The ticks that passed while a round ran count up to half an election timeout:
+        # more at once, with no message between them, would look like silence (a
+        # leader's CheckQuorum round with nobody heard from, a follower's timeout) when
+        # it was only this node that was busy (a slow write, a stalled loop).
+        ticks, self._ticks = min(self._ticks, self._max_ticks), 0
         for _ in range(ticks):
             for core in cores.values():
                 core.tick()
@@ -858,6 +1017,7 @@ class RaftHost:
             if self._ticked % self.transfer_check_ticks == 0:
                 self._hand_to_preferred()
         self._check_pending()
+        return ticks
 
     # -- compaction and snapshots ---------------------------------------------------------
 
@@ -1110,28 +1270,38 @@ class RaftHost:
         """Sends a peer's queue, one payload at a time, until it is empty."""
         try:
             while peer.queue and self.running:
-                # Up to max_payload_bytes (at least one message); the rest waits.
-                n = size = 0
-                for packed in peer.queue:
-                    if n and size + len(packed) > self.max_payload_bytes:
-                        break
-                    n += 1
-                    size += len(packed)
-                batch = peer.queue[:n]
-                del peer.queue[:n]
-                peer.queued_bytes -= size
-                reports = self._reports_for(pid) if self.book.cleared else []
-                payload = _join_payload(self._packer, self.identity, batch, reports)
+                payload, n = self._take_payload(pid, peer)
                 try:
-                    await self._send(pid, payload)
+                    answer = await self._send(pid, payload)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
                     self.counters["send_failures"] += 1
                     self.counters["messages_dropped"] += n
                     log.debug("raft send %s -> %s failed: %r", self.node_id, pid, e)
-                else:
-                    self.counters["payloads_sent"] += 1
-                    self.counters["messages_sent"] += n
+                    continue
+                self.counters["payloads_sent"] += 1
+                self.counters["messages_sent"] += n
+                if answer and self.running:
+                    try:
+                        self.receive(answer, sender=pid)
+                    except BadRaftPayload as e:
+                        self.counters["bad_answers"] += 1
+                        log.warning("raft answer %s -> %s refused: %s", pid, self.node_id, e)
         finally:
             peer.task = None
+
+    def _take_payload(self, pid: str, peer: _Peer) -> tuple[bytes, int]:
+        """The next payload for `pid` from its queue (up to max_payload_bytes, at least
+        one message; the rest waits), and how many messages it holds."""
+        n = size = 0
+        for packed in peer.queue:
+            if n and size + len(packed) > self.max_payload_bytes:
+                break
+            n += 1
+            size += len(packed)
+        batch = peer.queue[:n]
+        del peer.queue[:n]
+        peer.queued_bytes -= size
+        reports = self._reports_for(pid) if self.book.cleared else []
+        return _join_payload(self._packer, self.identity, batch, reports), n

@@ -2,9 +2,13 @@
 
 N `RaftCore`s talk over a simulated network that drops, duplicates, delays (and so
 reorders) messages and cuts the group into partitions that later heal. Each node has a
-simulated disk (`MemoryStorage`) that its driver writes from each `Ready`, but not
-always at once: a crash loses whatever the driver had not persisted, and a restarted
-node comes back from its disk alone, its state machine rebuilt by re-applying the log.
+simulated disk (`MemoryStorage`) that its driver writes from each `Ready`, as
+`RaftHost` does: it takes the `Ready`, sends the leader's messages that may go before
+the write (`SENT_BEFORE_PERSIST`) and applies its committed entries at once, then
+writes it, often some steps later (the core steps and ticks meanwhile), and only then
+sends the rest and `advance`s. A crash loses the write in progress (while the appends
+it carries may already be out), and a restarted node comes back from its disk alone,
+its state machine rebuilt by re-applying the log.
 Nodes also pause (a stopped process: messages to it wait). Clients propose entries to
 random nodes, following a `NotLeader` hint once. `run(..., open_disk=...)` puts the disks
 on another `WritableStorage` (the SQLite log, reopened from its file at each restart); a
@@ -68,7 +72,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zdmq.raft.core import Message, MsgType, NotLeader, RaftCore, Ready, Role
+from zdmq.raft.core import (
+    SENT_BEFORE_PERSIST,
+    Message,
+    MsgType,
+    NotLeader,
+    RaftCore,
+    Ready,
+    Role,
+)
 from zdmq.raft.identity import LiftReport, PeerBook, report_current
 from zdmq.raft.storage import Entry, MemoryStorage, SnapshotMeta, WritableStorage
 
@@ -80,7 +92,7 @@ DiskOpener = Callable[[str, bool], WritableStorage]
 
 #: A seed that loses a committed entry to a disk loss when the identity rule is off
 #: (3 nodes, the default config): `python -m zdmq.raft.sim --seed N --no-identity-rule`.
-DISK_LOSS_WITHOUT_RULE = 11
+DISK_LOSS_WITHOUT_RULE = 3
 
 #: The default chance that a crash also loses the node's disk (the most a seed draws).
 DISK_LOSS = 0.3
@@ -121,7 +133,8 @@ class SimConfig:
     pause_steps: tuple[int, int] = (3, 40)
     partition: float = 0.03
     partition_steps: tuple[int, int] = (3, 80)
-    #: Chance a driver leaves its node's Ready for a later step (what a crash then loses).
+    #: Chance a driver leaves its node's Ready's write for a later step (what a crash
+    #: then loses).
     persist_lag: float = 0.5
     #: Chance a leader is asked to hand over to a random peer (transfer_leadership).
     transfer: float = 0.02
@@ -169,6 +182,8 @@ class SimResult:
     install_crashes: int = 0
     #: Whether the run checked that the group elects without its leader after healing.
     liveness_checked: bool = False
+    #: Crashes that lost a leader's write whose appends had left already.
+    lost_early_writes: int = 0
 
 
 @dataclass(slots=True)
@@ -195,6 +210,8 @@ class _Node:
     state: tuple[int, int, tuple[Entry, ...]] = (0, 0, ())
     #: A snapshot being pulled: (the step it arrives, the node it comes from).
     fetch: tuple[int, str] | None = None
+    #: The `Ready` its driver took and has not written yet (lost by a crash).
+    writing: Ready | None = None
 
 
 class _Sim:
@@ -338,8 +355,7 @@ class _Sim:
         if not self.healing and self.rng.random() < self.cfg.transfer:
             self._transfer()
         for n in self._running():
-            if self.healing or self.rng.random() >= self.cfg.persist_lag:
-                self._handle_ready(n)
+            self._handle_ready(n, self.healing or self.rng.random() >= self.cfg.persist_lag)
         if self.now % 50 == 0:
             self._check_logs()
 
@@ -353,6 +369,10 @@ class _Sim:
         for n in self.nodes.values():
             p = cfg.crash + (cfg.crash_leader if n.core and n.core.role is Role.LEADER else 0)
             if n.core is not None and rng.random() < p:
+                if n.writing is not None and any(
+                    m.type is MsgType.APPEND and m.entries for m in n.writing.messages
+                ):
+                    self.result.lost_early_writes += 1
                 n.core = None
                 n.down_until = self.now + rng.randint(*cfg.down_steps)
                 self.result.crashes += 1
@@ -404,6 +424,7 @@ class _Sim:
 
     def _start(self, n: _Node) -> None:
         n.starts += 1
+        n.writing = None  # a write in progress when it went down is lost
         lost, n.lose_disk = n.lose_disk, False
         if self.open_disk is not None:
             n.disk = self.open_disk(n.id, lost)
@@ -571,12 +592,29 @@ class _Sim:
 
     # -- the driver -------------------------------------------------------------------
 
-    def _handle_ready(self, n: _Node) -> None:
+    def _handle_ready(self, n: _Node, write: bool) -> None:
+        """Takes the node's `Ready` if no write is in progress (sending what may go
+        before the write, applying what is committed), and, if `write`, writes the one
+        in progress and finishes it."""
         core = n.core
         assert core is not None
-        if not core.has_ready():
+        if n.writing is None:
+            if not core.has_ready():
+                return
+            rd = n.writing = core.ready()
+            for m in rd.messages:
+                if m.type in SENT_BEFORE_PERSIST:
+                    self._send(m, self._reports_for(n, m.dst) if self.cfg.identity_rule else ())
+            for e in rd.committed:  # persisted and committed: applied before the write
+                if e.index != len(n.applied) + 1:
+                    self._fail(f"{n.id} applies index {e.index} after {len(n.applied)}")
+                self._check_committed(n, e, "applies")
+                n.applied.append(e)
+                if e.data is not None and e.data in self.proposals:
+                    self.acked.add(e.data)
+        if not write:
             return
-        rd: Ready = core.ready()
+        rd, n.writing = n.writing, None
         if rd.hard_state is not None:
             old = n.disk.hard_state()
             new = rd.hard_state
@@ -588,14 +626,8 @@ class _Sim:
                 self._fail(f"{n.id} persists commit {new.commit} after {old.commit}")
         n.disk.persist(rd)
         for m in rd.messages:
-            self._send(m, self._reports_for(n, m.dst) if self.cfg.identity_rule else ())
-        for e in rd.committed:
-            if e.index != len(n.applied) + 1:
-                self._fail(f"{n.id} applies index {e.index} after {len(n.applied)}")
-            self._check_committed(n, e, "applies")
-            n.applied.append(e)
-            if e.data is not None and e.data in self.proposals:
-                self.acked.add(e.data)
+            if m.type not in SENT_BEFORE_PERSIST:
+                self._send(m, self._reports_for(n, m.dst) if self.cfg.identity_rule else ())
         core.advance(rd)
         n.proven, n.told = core.proven, core.told  # persisted with the Ready
         log = core.log
@@ -631,7 +663,9 @@ class _Sim:
                 n.fetch = (self.now + self.snap_rng.randint(*self.cfg.fetch_steps), req.src)
                 self._log(f"{n.id} pulls a snapshot from {req.src} (its log starts at {req.index})")
         for n in self._running():
-            if n.fetch is not None and n.fetch[0] <= self.now:
+            # Installed between rounds, as RaftHost does: not while a Ready is taken
+            # and its write is in progress.
+            if n.fetch is not None and n.fetch[0] <= self.now and n.writing is None:
                 src = self.nodes[n.fetch[1]]
                 n.fetch = None
                 self._install(n, src)

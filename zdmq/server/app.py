@@ -64,7 +64,7 @@ from zdmq.models import (
     validate_message_id,
     validate_queue_name,
 )
-from zdmq.raft.driver import RAFT_PATH
+from zdmq.raft.driver import RAFT_CONTENT_TYPE, RAFT_PATH
 from zdmq.routing import GROUP_HEADER
 from zdmq.server.http import App, Request, Response, json_response
 from zdmq.server.node import (
@@ -841,17 +841,21 @@ async def internal_register(request: Request) -> Response:
 
 async def internal_raft(request: Request) -> Response:
     """Raft messages from another node for this node's Raft groups (zdmq/raft/driver.py):
-    204 once queued; a payload that is not well formed, or holds a message that is not
-    from the calling node, is 400 and changes nothing; 404 on a node that runs no Raft
-    groups, 503 once its Raft host is stopped."""
+    once the Raft round that takes them is done, 200 with this node's messages for the
+    caller (a payload of the same form: its answers) or 204 when it has none; a payload
+    that is not well formed, or holds a message that is not from the calling node, is
+    400 and changes nothing; 404 on a node that runs no Raft groups, 503 once its Raft
+    host is stopped."""
     member: Member | None = request.app[MEMBER]
     host = member.raft if member is not None else None
     if host is None:
         raise RouteNotFound(f"{request.app[NODE].id} runs no Raft groups")
     # The calling node, as its (checked) credential names it: it speaks only for itself.
     caller = request.headers.get(NODE_AUTH_HEADER, "").partition(":")[0]
-    host.receive(request.body, sender=caller)
-    return Response(status=204)
+    answer = await host.exchange(request.body, caller)
+    if answer is None:
+        return Response(status=204)
+    return Response(body=answer, content_type=RAFT_CONTENT_TYPE)
 
 
 async def internal_snapshot(request: Request) -> Response:
