@@ -47,11 +47,11 @@ def _with_node(i: int, **changes: Any) -> dict[str, Any]:
     return raw
 
 
-def test_the_repos_cluster_yaml_loads_with_four_nodes_replication_1_and_256_partitions() -> None:
+def test_the_repos_cluster_yaml_loads_with_four_nodes_replication_3_and_256_partitions() -> None:
     config = ClusterConfig.load(REPO / "cluster.yaml")
     assert config.node_ids == ("n1", "n2", "n3", "n4")
     assert [n.port for n in config.nodes] == [7701, 7702, 7703, 7704]
-    assert config.replication == 1
+    assert config.replication == 3
     assert config.partitions == 256
     assert config.durability == "fsync"
     assert config.limits == Limits(max_message_bytes=1048576, max_batch_messages=1000)
