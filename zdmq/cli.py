@@ -432,7 +432,8 @@ async def _demo_run(config: ClusterConfig, n: int, concurrency: int) -> int:
     queue = f"demo-{uuid.uuid4().hex[:8]}"
     async with Client(config=config) as c:
         await c.create_queue(queue)
-        print(f"demo: created queue {queue} (durability: {config.durability})")
+        copies = f", {config.replication} copies" if config.replication > 1 else ""
+        print(f"demo: created queue {queue} (durability: {config.durability}{copies})")
         bodies = [json.dumps({"event": i, "user": f"u{i % 97}"}).encode() for i in range(n)]
         bar = _Progress("push", n)
 
