@@ -153,7 +153,17 @@ async def no_copies_left(cluster: LocalCluster) -> None:
         await wait_until(empty, timeout_s=15, what="every copy empty")
     except AssertionError as e:
         left = await copies_left(cluster)
-        raise AssertionError(f"{e}: copies still storing messages {left}") from None
+        # Every running member's view of the groups with messages left: role, leader,
+        # term, applied index and log bounds, to tell a lagging copy from a diverged one.
+        views = {
+            n: {g: v for g, v in (await groups_seen(cluster, n)).items() if g in groups}
+            for groups in [{g for held in left.values() for g in held}]
+            for n, proc in cluster.nodes.items()
+            if proc.running
+        }
+        raise AssertionError(
+            f"{e}: copies still storing messages {left}; the groups as members see them {views}"
+        ) from None
 
 
 async def heal(cluster: LocalCluster) -> None:
