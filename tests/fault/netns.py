@@ -34,11 +34,12 @@ import random
 import secrets
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import pytest
 import yaml
 
 from zdmq.local import LocalCluster
@@ -258,3 +259,22 @@ class NetnsCluster:
         return sorted(
             n for n in [*self.namespaces.values(), self.bridge, *self.veths] if n in names
         )
+
+
+def started_or_skip(directory: Path, **kw: Any) -> Iterator[NetnsCluster]:
+    """For a fixture: a started NetnsCluster (`kw` as for NetnsCluster), or the test
+    skipped, saying why, where namespaces cannot be made; closed afterwards, and checked
+    to leave nothing behind."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"partition tests need network namespaces: {reason}")
+    c = NetnsCluster(directory, **kw)
+    try:
+        c.__enter__()
+    except NetnsUnavailable as e:
+        pytest.skip(f"partition tests need network namespaces: {e}")
+    try:
+        yield c
+    finally:
+        c.close()
+    assert c.leftovers() == []

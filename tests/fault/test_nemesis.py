@@ -22,7 +22,7 @@ import pytest
 
 from tests.fault.history import History
 from tests.fault.nemesis import Nemesis
-from tests.fault.netns import NetnsCluster, NetnsUnavailable, unavailable_reason
+from tests.fault.netns import NetnsCluster, NetnsUnavailable, started_or_skip, unavailable_reason
 from tests.fault.runner import run
 from tests.fault.workload import Outcome, Workload, node_urls
 from tests.helpers import unique, wait_until
@@ -187,19 +187,7 @@ async def _positive(n: Awaitable[int]) -> bool:
 
 @pytest.fixture
 def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"partition tests need network namespaces: {reason}")
-    c = NetnsCluster(tmp_path / "ns", nodes=4, durability="fsync", request_timeout_s=1.0)
-    try:
-        c.__enter__()
-    except NetnsUnavailable as e:
-        pytest.skip(f"partition tests need network namespaces: {e}")
-    try:
-        yield c
-    finally:
-        c.close()
-    assert c.leftovers() == []
+    yield from started_or_skip(tmp_path / "ns", nodes=4, durability="fsync", request_timeout_s=1.0)
 
 
 async def test_partitions_deliver_nothing_unexpected(

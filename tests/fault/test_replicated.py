@@ -47,7 +47,7 @@ from tests.fault.checker import (
 )
 from tests.fault.history import History
 from tests.fault.nemesis import Nemesis
-from tests.fault.netns import NetnsCluster, NetnsUnavailable, unavailable_reason
+from tests.fault.netns import NetnsCluster, started_or_skip
 from tests.fault.workload import Workload, node_urls
 from tests.helpers import unique, wait_until
 from zdmq.hashing import Placement
@@ -75,21 +75,9 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"partition tests need network namespaces: {reason}")
-    c = NetnsCluster(
+    yield from started_or_skip(
         tmp_path / "ns", nodes=4, replication=3, durability="fsync", request_timeout_s=1.0
     )
-    try:
-        c.__enter__()
-    except NetnsUnavailable as e:
-        pytest.skip(f"partition tests need network namespaces: {e}")
-    try:
-        yield c
-    finally:
-        c.close()
-    assert c.leftovers() == []
 
 
 def group_of(cluster: LocalCluster) -> Placement:
