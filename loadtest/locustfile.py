@@ -248,14 +248,28 @@ class ZdmqUser(FastHttpUser):
         # the connection (the call surely did not run there).
         kw["headers"] = {**kw.get("headers", {}), GROUP_HEADER: node}
         members = self.s.groups[node]
+        # A 421 (with the leader it names, if any) or a refused connection: reported under
+        # `<name> (moved)` as the routing they are, not as failures.
+        moved: list[str] = []
+
+        def redirect(r: Any) -> bool:
+            if r.status_code == 421:
+                moved.append(_leader_hint(r.content) or "")
+            elif r.status_code == 0 and isinstance(r.error, ConnectionRefusedError):
+                moved.append("")
+            else:
+                return False
+            r.request_meta["name"] = f"{name} (moved)"
+            r.success()
+            return True
+
         for _ in range(2 * len(members)):
             target = self.leaders.get(node, node)
-            moved, result = self.send_to_member(
-                name, target, method, path, expect, empty_name, check, kw
-            )
-            if moved is None:
+            moved.clear()
+            result = self.send(name, target, method, path, expect, empty_name, check, kw, redirect)
+            if not moved:
                 return result
-            self.leaders[node] = moved if moved in members else _next(members, target)
+            self.leaders[node] = moved[0] if moved[0] in members else _next(members, target)
         self.environment.events.request.fire(
             request_type=method,
             name=name,
@@ -265,37 +279,6 @@ class ZdmqUser(FastHttpUser):
             context={},
         )
         return None
-
-    def send_to_member(
-        self,
-        name: str,
-        target: str,
-        method: str,
-        path: str,
-        expect: int,
-        empty_name: str | None,
-        check: Callable[[Any], str | None] | None,
-        kw: dict[str, Any],
-    ) -> tuple[str | None, Any | None]:
-        """One call to a member of a replica group: (None, reply) when it was answered,
-        or (where to go next, None) on a 421 or a refused connection, reported under
-        `<name> (moved)` as the routing they are, not as failures."""
-        moved: list[str] = []
-
-        def redirect(r: Any) -> bool:
-            if r.status_code == 421:
-                leader = _leader_hint(r.content)
-                moved.append(leader or "")
-            elif r.status_code == 0 and isinstance(r.error, ConnectionRefusedError):
-                moved.append("")
-            else:
-                return False
-            r.request_meta["name"] = f"{name} (moved)"
-            r.success()
-            return True
-
-        result = self.send(name, target, method, path, expect, empty_name, check, kw, redirect)
-        return (moved[0], None) if moved else (None, result)
 
     def send(
         self,
