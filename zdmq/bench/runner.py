@@ -66,15 +66,15 @@ def zdmq_systems(
     replications = [replication] if isinstance(replication, int) else replication
     with contextlib.ExitStack() as stack:
         specs = []
-        for n, durability, replication in itertools.product(nodes, durabilities, replications):
+        for n, durability, r in itertools.product(nodes, durabilities, replications):
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="zdmq-bench-"))
             cluster = stack.enter_context(
-                LocalCluster.ephemeral(tmp, nodes=n, durability=durability, replication=replication)
+                LocalCluster.ephemeral(tmp, nodes=n, durability=durability, replication=r)
             )
             cluster.start()
             pids = tuple(p.pid for p in cluster.nodes.values() if p.pid is not None)
             name = "zdmq" if n == 1 else f"zdmq {n} nodes"
-            copies = f" r{replication}" if replication > 1 else ""
+            copies = f" r{r}" if r > 1 else ""
             specs.append(
                 SystemSpec(
                     name=f"{name} {durability}{copies}",
@@ -84,7 +84,7 @@ def zdmq_systems(
                     server_pids=pids,
                     note=(
                         f"{n} node{'s' if n > 1 else ''}, durability: {durability}, "
-                        f"replication: {replication}"
+                        f"replication: {r}"
                     ),
                 )
             )
