@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
+import sqlite3
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +132,37 @@ async def copies_left(cluster: LocalCluster) -> dict[str, dict[str, int]]:
     return left
 
 
-async def no_copies_left(cluster: LocalCluster) -> None:
+def ids_held(cluster: LocalCluster, node: str, group: str) -> list[tuple[str, str | None]]:
+    """(id, lease) of each message `node`'s copy of `group` stores, read from its state
+    file (committed transactions only; the node keeps running)."""
+    path = cluster.config.node_data_dir(node) / f"group-{group}.sqlite3"
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+        return [(i, lease) for i, lease in db.execute("SELECT id, lease FROM messages")]
+
+
+def what_history_says(h: History, ids: set[str]) -> dict[str, list[str]]:
+    """For each id: every operation of the history that names it, as `f:type`."""
+    said: dict[str, list[str]] = {i: [] for i in ids}
+    ops, _ = pair(h)
+    for op in ops:
+        if op.f == "push" and op.invoke_value["id"] in said:
+            said[op.invoke_value["id"]].append(f"push:{op.type}")
+        elif op.f == "ack" and op.type == "ok":
+            for i in set(op.value["acked"]) & ids:
+                said[i].append("ack:ok")
+            for i in set(op.value["failed"]) & ids:
+                said[i].append("ack:failed")
+        elif op.f == "ack":
+            for i in set(op.invoke_value["ids"]) & ids:
+                said[i].append(f"ack:{op.type}")
+        elif op.f in ("receive", "pop", "drain") and op.type == "ok":
+            for d in op.value or ():
+                if d["id"] in said:
+                    said[d["id"]].append(f"{op.process}:{op.f}")
+    return said
+
+
+async def no_copies_left(cluster: LocalCluster, h: History | None = None) -> None:
     """Waits until no copy of any group on any running node stores a message: followers
     apply what their leader committed (the drain's acks) shortly after it."""
 
@@ -149,8 +181,15 @@ async def no_copies_left(cluster: LocalCluster) -> None:
             for n, proc in cluster.nodes.items()
             if proc.running
         }
+        held = {(n, g): ids_held(cluster, n, g) for n, groups in left.items() for g in groups}
+        said = what_history_says(h, {i for rows in held.values() for i, _ in rows}) if h else {}
+        stored = {
+            f"{n}/{g}": [(i, lease, said.get(i)) for i, lease in rows[:10]]
+            for (n, g), rows in held.items()
+        }
         raise AssertionError(
-            f"{e}: copies still storing messages {left}; the groups as members see them {views}"
+            f"{e}: copies still storing messages {left}; the groups as members see them "
+            f"{views}; what they store (id, lease, the history's operations on it) {stored}"
         ) from None
 
 
@@ -244,7 +283,7 @@ async def kills_pauses_and_a_lost_disk(
     print(f"{victim} lost its disk; {len(report.acknowledged)} acknowledged, all delivered")
     assert len(report.acknowledged) > 100, "the workload pushed too little to prove anything"
     assert_clean(report)
-    await no_copies_left(cluster)
+    await no_copies_left(cluster, h)
 
     # It rejoins empty, catches up (it leads its group again only then): nothing comes back.
     await asyncio.to_thread(cluster.start_node, victim)
@@ -261,7 +300,7 @@ async def kills_pauses_and_a_lost_disk(
     assert redelivered == [], again.text()
     assert_clean(again)
     # The groups it only follows keep nothing either: its copies match its leaders'.
-    await no_copies_left(cluster)
+    await no_copies_left(cluster, h)
 
 
 async def test_kills_and_pauses_lose_nothing_and_a_lost_disk_brings_nothing_back(
