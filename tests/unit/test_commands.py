@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from zdmq.errors import MessageIdConflict, MessageTooLarge, QueueExists, QueueNotFound
 from zdmq.models import QueueSettings
+from zdmq.raft.sim_queue import state_view
 from zdmq.server.machine import (
     Command,
     DropEmpty,
@@ -38,7 +39,6 @@ from zdmq.server.state import (
     DropQueue,
     NodeState,
     Register,
-    StoredMessage,
     Taken,
     Unregister,
 )
@@ -46,27 +46,7 @@ from zdmq.server.state import (
 QUEUES = ("jobs", "mail", "jobs-dlq")
 
 
-def dump(state: NodeState) -> Any:
-    """Everything a replica must agree on, as plain values."""
-    seqs = [seq for lq in state.queues.values() for seq in lq.ready]
-    seqs += [m.seq for m in state.hot.values()]
-    return (
-        {
-            q: (list(lq.ready), sorted(lq.leased), sorted(lq.delayed), lq.first_uuid, lq.origins)
-            for q, lq in state.queues.items()
-        },
-        {
-            mid: [getattr(m, name) for name in StoredMessage.__slots__]
-            for mid, m in state.hot.items()
-        },
-        dict(state.ready_ids),
-        {q: (m.incarnation, m.settings, list(m.nodes.items())) for q, m in state.meta.items()},
-        dict(state.tombstones),
-        dict(state.dedup),
-        dict(state.dead_lettered),
-        state.next_seq,
-        state.rows.read(sorted(seqs)),
-    )
+dump = state_view
 
 
 def plain(result: Any) -> Any:

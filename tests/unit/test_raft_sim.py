@@ -7,11 +7,14 @@ with the command that replays it, e.g. `python -m zdmq.raft.sim --seed 17 --step
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from zdmq.raft import core, sim
+from zdmq.raft import core, sim, sim_queue
 from zdmq.raft.sim import SimConfig, SimFailure
-from zdmq.raft.storage import SnapshotMeta
+from zdmq.raft.storage import Entry, SnapshotMeta
+from zdmq.server.state import NodeState, Op, Taken
 
 SEEDS = 400  # per group size: 800 runs, about 10 s
 
@@ -42,6 +45,71 @@ def test_runs_exercise_the_faults_they_claim() -> None:
     assert all(r.proposed >= r.acked for r in results)
     # (A run whose leaders all fail fast may never take a proposal.)
     assert sum(r.acked > 0 for r in results) >= len(results) - 2
+
+
+def test_the_queue_clients_push_pop_receive_ack_and_dead_letter_through_the_faults() -> None:
+    counts = [sim.run(seed, SimConfig(nodes=3)).queue for seed in range(40)]
+    assert sum(k.pushed for k in counts) > 300
+    assert sum(k.delivered for k in counts) > 150
+    assert sum(k.acked for k in counts) > 30
+    assert sum(k.dead_lettered for k in counts) > 0
+    # Calls whose node went down before they heard: the checker allows for them.
+    assert sum(k.unknown for k in counts) > 50
+
+
+def test_a_replica_rebuilt_from_the_wrong_entries_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A restart or a snapshot install that leaves the last entry out of the state.
+    def replay_but_the_last(entries: list[Entry] | tuple[Entry, ...]) -> NodeState:
+        return sim_queue.replay(list(entries)[:-1])
+
+    monkeypatch.setattr(sim, "replay", replay_but_the_last)
+    with pytest.raises(SimFailure, match="state is not the one its applied entries make"):
+        for seed in range(20):
+            sim.run(seed, SimConfig(nodes=3))
+
+
+def test_a_client_answered_from_an_entry_that_did_not_commit_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A node that answers its caller when it applies the caller's index, whatever entry
+    # (of whichever term) ended up there.
+    def answer_any_entry(
+        self: sim_queue.QueueClients, node: str, e: Entry, result: Any, step: int
+    ) -> None:
+        for _, call in self.pending.pop((node, e.index), None) or ():
+            self._answer(call, "ok", step, result)
+
+    monkeypatch.setattr(sim_queue.QueueClients, "applied", answer_any_entry)
+    with pytest.raises(
+        SimFailure, match=r"clients were misled: an ok .* (is not committed|was told)"
+    ):
+        for seed in range(200):
+            sim.run(seed, SimConfig(nodes=3))
+
+
+def test_a_pop_that_leaves_its_message_to_come_back_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every replica agrees, but a pop only hides its messages for a step.
+    def pop_as_a_short_lease(
+        self: NodeState,
+        queue: str,
+        limit: int,
+        *,
+        now: float = 0.0,
+        retention_s: float | None = None,
+    ) -> tuple[list[Taken], list[Op]]:
+        taken, ops = self.lease(
+            queue, limit, now=now, visibility_s=1.0, new_token=lambda: "t", retention_s=None
+        )
+        return [t._replace(token=None) for t in taken], ops
+
+    monkeypatch.setattr(NodeState, "pop", pop_as_a_short_lease)
+    with pytest.raises(SimFailure, match=r"popped twice|delivered again after an ok pop"):
+        for seed in range(40):
+            sim.run(seed, SimConfig(nodes=3))
 
 
 def test_a_run_replays_exactly_from_its_seed() -> None:

@@ -10,7 +10,11 @@ sends the rest and `advance`s. A crash loses the write in progress (while the ap
 it carries may already be out), and a restarted node comes back from its disk alone,
 its state machine rebuilt by re-applying the log.
 Nodes also pause (a stopped process: messages to it wait). Clients propose entries to
-random nodes, following a `NotLeader` hint once. `run(..., open_disk=...)` puts the disks
+random nodes, following a `NotLeader` hint once. The entries are the queue's commands
+(zdmq/server/machine.py: pushes, pops, receives, acks, nacks, expiries), and every node
+applies what it applies to its own `NodeState`, rebuilt from its durable state when it
+restarts or installs a snapshot; zdmq/raft/sim_queue.py draws the calls and checks, at
+the end, what each client was told. `run(..., open_disk=...)` puts the disks
 on another `WritableStorage` (the SQLite log, reopened from its file at each restart); a
 run's outcome depends only on its seed, whatever the disk.
 
@@ -52,7 +56,10 @@ same term and data on every node that has it committed, checked as each node's c
 index moves and in every node's whole log every 50 steps); every node applies the same
 entries in the same order. At the end the faults stop, and the group must converge:
 every node applies every entry a node had applied (so every proposal whose commit was
-acknowledged), each once. After a run that lost a disk, the healed group must then end
+acknowledged), each once; and the queue's checker (zdmq/raft/sim_queue.py) finds every
+node's state equal to the entries' replay, every answered call's result equal to its
+committed entry's, nothing acknowledged lost, no pop handed out twice and no ack
+undone. After a run that lost a disk, the healed group must then end
 every probation (the leader lifts its own and reports them; unless one remains that
 the leader cannot report, see zdmq/raft/identity.py, and `SimResult.liveness_checked`
 stays False), and once its leader goes down the others must elect and commit.
@@ -82,7 +89,10 @@ from zdmq.raft.core import (
     Role,
 )
 from zdmq.raft.identity import LiftReport, PeerBook, report_current
+from zdmq.raft.sim_queue import QueueClients, QueueCounts, replay
 from zdmq.raft.storage import Entry, MemoryStorage, SnapshotMeta, WritableStorage
+from zdmq.server.machine import apply_command, decode_command
+from zdmq.server.state import NodeState
 
 __all__ = ["DiskOpener", "SimConfig", "SimFailure", "SimResult", "main", "run"]
 
@@ -184,6 +194,8 @@ class SimResult:
     liveness_checked: bool = False
     #: Crashes that lost a leader's write whose appends had left already.
     lost_early_writes: int = 0
+    #: The queue's clients: their calls and what they were told.
+    queue: QueueCounts = field(default_factory=QueueCounts)
 
 
 @dataclass(slots=True)
@@ -194,6 +206,8 @@ class _Node:
     down_until: int = 0
     paused_until: int = 0
     applied: list[Entry] = field(default_factory=list)
+    #: The group's queue state, as the entries in `applied` made it.
+    machine: NodeState = field(default_factory=NodeState)
     #: Committed entries of this node's log already compared with the committed ones.
     checked: int = 0
     starts: int = 0
@@ -245,6 +259,7 @@ class _Sim:
         self.committed: dict[int, tuple[int, bytes | None]] = {}
         self.proposals: set[bytes] = set()
         self.acked: set[bytes] = set()
+        self.queue = QueueClients(seed)
         self.result = SimResult(seed)
         self.batch = cfg.max_entries_per_msg[0]
         # Compaction draws from its own stream too: a seed that never compacts runs as
@@ -270,6 +285,7 @@ class _Sim:
         self._check_final()
         self.result.acked = len(self.acked)
         self.result.applied = len(self.nodes[self.ids[0]].applied)
+        self.result.queue = self.queue.counts()
         return self.result
 
     def _converge(self) -> int:
@@ -324,7 +340,7 @@ class _Sim:
             if lead is not None and lead.core is not None:
                 at = (lead.id, lead.core.term)
                 if at not in proposed.values():
-                    data = f"live{len(proposed)}".encode()
+                    data = self.queue.filler(self.now)
                     lead.core.propose(data)
                     self.proposals.add(data)
                     self.result.proposed += 1
@@ -424,6 +440,7 @@ class _Sim:
 
     def _start(self, n: _Node) -> None:
         n.starts += 1
+        self.queue.went_down(n.id, self.now)  # its callers never heard (if it was up)
         n.writing = None  # a write in progress when it went down is lost
         lost, n.lose_disk = n.lose_disk, False
         if self.open_disk is not None:
@@ -458,6 +475,7 @@ class _Sim:
         if self.cfg.identity_rule:
             n.core.probation = n.book.on_probation(GROUP, self.ids)
         n.applied = list(data)  # the durable state; the log re-applies what follows
+        n.machine = replay(data)
         n.checked = index
         if n.starts > 1:
             self._log(f"{n.id} restarts at term {n.core.term} with {n.disk.last_index()} entries")
@@ -563,21 +581,24 @@ class _Sim:
         if not running:
             return
         n = self.rng.choice(running)
-        data = f"p{self.result.proposed}".encode()
+        call, data = self.queue.command(self.now, n.machine)
         for _ in range(2):
-            assert n.core is not None
+            core = n.core
+            assert core is not None
             try:
-                index = n.core.propose(data)
+                index = core.propose(data)
             except NotLeader as e:
                 hint = self.nodes.get(e.leader) if e.leader else None
                 if hint is None or hint not in running:
-                    return
+                    break
                 n = hint
                 continue
             self.result.proposed += 1
             self.proposals.add(data)
+            self.queue.proposed(call, n.id, index, core.term)
             self._log(f"{n.id} takes {data!r} at {index}")
             return
+        self.queue.refused(call, self.now)
 
     def _transfer(self) -> None:
         leaders = [n for n in self._running() if n.core and n.core.role is Role.LEADER]
@@ -610,6 +631,10 @@ class _Sim:
                     self._fail(f"{n.id} applies index {e.index} after {len(n.applied)}")
                 self._check_committed(n, e, "applies")
                 n.applied.append(e)
+                result = None
+                if e.data is not None:
+                    result = apply_command(n.machine, decode_command(e.data))
+                self.queue.applied(n.id, e, result, self.now)
                 if e.data is not None and e.data in self.proposals:
                     self.acked.add(e.data)
         if not write:
@@ -699,6 +724,7 @@ class _Sim:
             return
         n.disk.restore(SnapshotMeta(index, term))  # 2. the log starts after it
         n.applied = list(data)
+        n.machine = replay(data)
         n.checked = max(n.checked, index)
         self.result.snapshots_installed += 1
         self._log(f"{n.id} installs {src.id}'s snapshot at {index} (term {term})")
@@ -757,6 +783,9 @@ class _Sim:
         missing = self.acked - set(datas)
         if missing:
             self._fail(f"acknowledged entries not applied everywhere: {sorted(missing)[:5]}")
+        problems = self.queue.check(first, {n.id: n.machine for n in self.nodes.values()})
+        if problems:
+            self._fail(f"the queue's clients were misled: {'; '.join(problems[:5])}")
 
     # -- reporting --------------------------------------------------------------------
 
@@ -840,7 +869,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.applied} entries applied, {r.messages} messages, "
             f"{r.compactions} compactions, {r.snapshots_installed} snapshots installed "
             f"({r.install_crashes} crashes installing), "
-            f"converged {r.steps_to_converge} steps after healing"
+            f"converged {r.steps_to_converge} steps after healing; queue calls "
+            f"{r.queue.ok} ok, {r.queue.failed} failed, {r.queue.unknown} unknown: "
+            f"{r.queue.pushed} pushed, {r.queue.delivered} delivered, {r.queue.acked} acked, "
+            f"{r.queue.dead_lettered} dead-lettered"
         )
     return 0
 

@@ -1,0 +1,328 @@
+"""The queue on top of the simulated Raft group (zdmq/raft/sim.py): clients, and the
+checker of what they were told.
+
+Every entry the simulation proposes is a command of zdmq/server/machine.py, and every
+simulated node applies the entries it applies to its own `NodeState` (the one a real
+member keeps per group), rebuilt from its durable state after a restart or a snapshot
+install. Clients push new ids, pop, receive with leases, ack and nack the leases they
+hold, and the proposing node's monitor expires the leases that ran out by its state
+(as a leader's does). A client's call is answered when the node it proposed to applies
+its entry: `ok` with that node's result; `fail` if another entry took its index (it can
+then never commit) or no node took it; unknown if the node went down first.
+
+At the end, once every node applied the same entries (sim.py checks that), the checker
+replays them on a fresh `NodeState` and requires:
+
+- every `ok` call's entry is committed, and its result is the one the replay gives at
+  that entry (the proposer's state agreed with every other replica's), and no `fail`
+  call's entry is committed;
+- every node's state equals the replay's, whatever restarts and snapshots it went
+  through;
+- nothing acknowledged is lost: an id whose push was `ok` is still stored, or an entry
+  removed it (a pop, an ack);
+- no pop is delivered twice: an id an `ok` pop handed out is never handed out again;
+- no ack is undone: an id whose ack was `ok` is never delivered by a call that started
+  after the ack's answer, and is not stored at the end.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from zdmq.raft.storage import Entry
+from zdmq.server.machine import (
+    Command,
+    Expire,
+    Push,
+    Settle,
+    Take,
+    Wake,
+    apply_command,
+    decode_command,
+    encode_command,
+)
+from zdmq.server.state import NodeState, StoredMessage
+
+__all__ = ["QueueClients", "replay", "state_view"]
+
+QUEUE = "q"
+DLQ = "q-dlq"
+#: Deliveries after which an ended lease moves the message to the dead-letter queue.
+MAX_RECEIVES = 2
+
+
+def state_view(state: NodeState) -> Any:
+    """Everything replicas of one group must agree on, as plain values."""
+    seqs = [seq for lq in state.queues.values() for seq in lq.ready]
+    seqs += [m.seq for m in state.hot.values()]
+    return (
+        {
+            q: (list(lq.ready), sorted(lq.leased), sorted(lq.delayed), lq.first_uuid, lq.origins)
+            for q, lq in state.queues.items()
+        },
+        {
+            mid: [getattr(m, name) for name in StoredMessage.__slots__]
+            for mid, m in state.hot.items()
+        },
+        dict(state.ready_ids),
+        {q: (m.incarnation, m.settings, list(m.nodes.items())) for q, m in state.meta.items()},
+        dict(state.tombstones),
+        dict(state.dedup),
+        dict(state.dead_lettered),
+        state.next_seq,
+        state.rows.read(sorted(seqs)),
+    )
+
+
+def plain(result: Any) -> Any:
+    """A command's result as a value (errors do not compare equal as objects)."""
+    return (type(result), str(result)) if isinstance(result, Exception) else result
+
+
+def replay(entries: list[Entry] | tuple[Entry, ...]) -> NodeState:
+    """A state machine that applied `entries` (what a node rebuilds at a start)."""
+    state = NodeState()
+    for e in entries:
+        if e.data is not None:
+            apply_command(state, decode_command(e.data))
+    return state
+
+
+def stored_ids(state: NodeState) -> set[str]:
+    ids = {mid for mid, _ in state.hot.items()}
+    for lq in state.queues.values():
+        rows = state.rows.read(list(lq.ready))
+        ids.update(row.id for row in rows.values())
+    return ids
+
+
+@dataclass(slots=True)
+class _Call:
+    kind: str  # push | pop | receive | ack | nack | expire | wake
+    data: bytes
+    cmd: Command
+    start: int
+    status: str = "invoked"  # then ok | fail | unknown
+    end: int = 0
+    result: Any = None
+
+
+@dataclass(slots=True)
+class QueueCounts:
+    calls: int = 0
+    ok: int = 0
+    failed: int = 0
+    unknown: int = 0
+    pushed: int = 0  # ids of ok pushes
+    delivered: int = 0  # ids handed out by ok pops and receives
+    acked: int = 0  # ids of ok acks that took effect
+    dead_lettered: int = 0
+
+
+@dataclass
+class QueueClients:
+    """The clients of one simulated group's queue; `seed` gives them their own stream,
+    so the group's faults are those of the seed without them."""
+
+    seed: int
+    rng: random.Random = field(init=False)
+    calls: list[_Call] = field(default_factory=list)
+    by_data: dict[bytes, int] = field(default_factory=dict)
+    #: (node, index) -> [(term, call)] proposed there and not yet answered.
+    pending: dict[tuple[str, int], list[tuple[int, int]]] = field(default_factory=dict)
+    #: Leases handed out by ok receives and not yet acked or nacked by a client.
+    leases: list[tuple[str, str, str]] = field(default_factory=list)
+    ids: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(f"{self.seed}/queue")
+
+    # ---- calls -------------------------------------------------------------------------
+    def command(self, step: int, state: NodeState) -> tuple[int, bytes]:
+        """A client's next call, to be proposed at `step` to the node whose state is
+        `state` (for the expiries its monitor would propose): (call id, entry data)."""
+        rng = self.rng
+        n = len(self.calls)
+        now = step + n * 1e-6  # unique: no two entries carry the same bytes
+        r = rng.random()
+        kind = "push"
+        cmd: Command | None = None
+        if r < 0.15:
+            kind = "pop"
+            q = DLQ if rng.random() < 0.2 else QUEUE
+            cmd = Take(q, rng.randint(1, 3), now)
+        elif r < 0.35:
+            kind = "receive"
+            q = DLQ if rng.random() < 0.2 else QUEUE
+            lease_s = rng.choice([10.0, 120.0, 400.0])
+            cmd = Take(q, rng.randint(1, 3), now, None, lease_s, f"c{n}.")
+        elif r < 0.7 and self.leases:
+            picked = rng.sample(self.leases, min(len(self.leases), rng.randint(1, 3)))
+            q = picked[0][0]
+            held = [(mid, token) for lq, mid, token in picked if lq == q]
+            if rng.random() < 0.8:
+                kind = "ack"
+                cmd = Settle(q, "ack", held, now)
+            else:
+                kind = "nack"
+                delay = rng.choice([0.0, 5.0])
+                cmd = Settle(q, "nack", held, now, delay, 0.0, MAX_RECEIVES, _dlq(q))
+            self.leases = [x for x in self.leases if x not in picked or x[0] != q]
+        elif r < 0.8:
+            due = sorted(
+                (m.queue, mid, m.lease)
+                for mid, m in state.hot.items()
+                if m.lease is not None and m.lease_until <= now
+            )
+            if due:
+                kind = "expire"
+                q = due[0][0]
+                held = [(mid, token) for lq, mid, token in due if lq == q]
+                cmd = Expire(q, held, now, MAX_RECEIVES, _dlq(q))
+            elif state.delays_due(now):
+                kind = "wake"
+                cmd = Wake(now)
+        if cmd is None:
+            items = []
+            for _ in range(rng.randint(1, 3)):
+                self.ids += 1
+                items.append((f"m{self.ids}", b"", None, False))
+            cmd = Push(QUEUE, items, now)
+        data = encode_command(cmd)
+        self.calls.append(_Call(kind, data, cmd, step))
+        self.by_data[data] = n
+        return n, data
+
+    def filler(self, step: int) -> bytes:
+        """An entry no client waits for (the simulation's own proposals)."""
+        return encode_command(Wake(step + len(self.by_data) * 1e-6 + 0.5))
+
+    def proposed(self, call: int, node: str, index: int, term: int) -> None:
+        self.pending.setdefault((node, index), []).append((term, call))
+
+    def refused(self, call: int, step: int) -> None:
+        """No node took the call (not the leader, no usable hint): it did nothing."""
+        self._answer(call, "fail", step)
+
+    def applied(self, node: str, e: Entry, result: Any, step: int) -> None:
+        """`node` applied `e` with `result`: the calls proposed there at `e.index` hear."""
+        waiting = self.pending.pop((node, e.index), None)
+        for term, call in waiting or ():
+            if term == e.term:
+                self._answer(call, "ok", step, result)
+            else:
+                self._answer(call, "fail", step)
+
+    def went_down(self, node: str, step: int) -> None:
+        """`node` stopped: what its callers were waiting for, they never hear."""
+        for key in [k for k in self.pending if k[0] == node]:
+            for _, call in self.pending.pop(key):
+                self._answer(call, "unknown", step)
+
+    def _answer(self, call: int, status: str, step: int, result: Any = None) -> None:
+        c = self.calls[call]
+        c.status, c.end, c.result = status, step, result
+        if status == "ok" and c.kind == "receive" and isinstance(result, list):
+            assert isinstance(c.cmd, Take)
+            self.leases += [(c.cmd.queue, t.id, t.token) for t in result if t.token is not None]
+
+    # ---- the check ---------------------------------------------------------------------
+    def check(self, sequence: list[Entry], states: dict[str, NodeState]) -> list[str]:
+        """What went wrong, given the entries every node applied and each node's state."""
+        for key in list(self.pending):
+            for _, call in self.pending.pop(key):
+                self._answer(call, "unknown", 0)
+        problems: list[str] = []
+        truth = NodeState()
+        results: dict[bytes, Any] = {}
+        removed: set[str] = set()
+        for e in sequence:
+            if e.data is None:
+                continue
+            cmd = decode_command(e.data)
+            result = results[e.data] = apply_command(truth, cmd)
+            if type(cmd) is Take and cmd.lease_s is None:
+                removed.update(t.id for t in result)
+            elif type(cmd) is Settle and cmd.action == "ack":
+                removed.update(
+                    mid for (mid, _), op in zip(cmd.leases, result, strict=True) if op is not None
+                )
+        for node, state in states.items():
+            if state_view(state) != state_view(truth):
+                problems.append(f"{node}'s state is not the one its applied entries make")
+        told: list[_Call] = []  # ok calls told what the committed entry gives
+        for c in self.calls:
+            if c.status == "ok" and c.data not in results:
+                problems.append(f"an ok {c.kind} ({c.data!r}) is not committed")
+            elif c.status == "ok" and plain(results[c.data]) != plain(c.result):
+                problems.append(
+                    f"an ok {c.kind} was told {c.result!r}, the committed entry gives "
+                    f"{results[c.data]!r}"
+                )
+            elif c.status == "fail" and c.data in results:
+                problems.append(f"a failed {c.kind} ({c.data!r}) took effect")
+            elif c.status == "ok":
+                told.append(c)
+        stored = stored_ids(truth)
+        pushed = {
+            item[0]
+            for c in told
+            if c.kind == "push"
+            for (item, repeat) in zip(c.cmd.items, c.result, strict=True)  # type: ignore[union-attr]
+            if not repeat
+        }
+        lost = pushed - stored - removed
+        if lost:
+            problems.append(f"acknowledged pushes lost: {sorted(lost)[:5]}")
+        # id -> the step the ok pop that handed it out, or its ok ack, was answered
+        popped: dict[str, int] = {}
+        acked: dict[str, int] = {}
+        for c in told:
+            if c.kind == "pop":
+                for t in c.result:
+                    if t.id in popped:
+                        problems.append(f"{t.id} popped twice")
+                    popped[t.id] = c.end
+            elif c.kind == "ack":
+                for (mid, _), op in zip(c.cmd.leases, c.result, strict=True):  # type: ignore[union-attr]
+                    if op is not None:
+                        acked[mid] = c.end
+        for c in told:
+            if c.kind not in ("pop", "receive"):
+                continue
+            for t in c.result:
+                if t.id in popped and c.start > popped[t.id]:
+                    problems.append(f"{t.id} delivered again after an ok pop")
+                if t.id in acked and c.start > acked[t.id]:
+                    problems.append(f"{t.id} delivered after its ack was answered")
+        undone = set(acked) & stored
+        if undone:
+            problems.append(f"acked ids stored at the end: {sorted(undone)[:5]}")
+        return problems
+
+    def counts(self) -> QueueCounts:
+        k = QueueCounts(calls=len(self.calls))
+        for c in self.calls:
+            if c.status == "ok":
+                k.ok += 1
+                if c.kind == "push":
+                    k.pushed += sum(1 for repeat in c.result if not repeat)
+                elif c.kind in ("pop", "receive"):
+                    k.delivered += len(c.result)
+                elif c.kind == "ack":
+                    k.acked += sum(1 for op in c.result if op is not None)
+                if c.kind in ("nack", "expire"):
+                    k.dead_lettered += sum(
+                        1 for op in c.result if op is not None and type(op).__name__ == "DeadLetter"
+                    )
+            elif c.status == "fail":
+                k.failed += 1
+            else:
+                k.unknown += 1
+        return k
+
+
+def _dlq(queue: str) -> str | None:
+    return DLQ if queue == QUEUE else None
