@@ -22,16 +22,27 @@ from zdmq.errors import (
     Misrouted,
     NodeUnavailable,
     NotLeader,
+    PublishIncomplete,
     QueueExists,
     QueueLimitReached,
     QueueNotFound,
     RequestTimeout,
     RouteNotFound,
     StorageFailed,
+    SubscriptionNotFound,
+    TopicExists,
+    TopicNotFound,
     Unauthorized,
     ZdmqError,
 )
-from zdmq.models import AckResult, Message, QueueSettings, QueueStats, ReceivedMessage
+from zdmq.models import (
+    AckResult,
+    Message,
+    Published,
+    QueueSettings,
+    QueueStats,
+    ReceivedMessage,
+)
 
 __version__ = "0.1.0"
 
@@ -58,6 +69,8 @@ __all__ = [
     "NodeUnavailable",
     "NotLeader",
     "Outcome",
+    "PublishIncomplete",
+    "Published",
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
@@ -67,6 +80,9 @@ __all__ = [
     "RequestTimeout",
     "RouteNotFound",
     "StorageFailed",
+    "SubscriptionNotFound",
+    "TopicExists",
+    "TopicNotFound",
     "Unauthorized",
     "ZdmqError",
     "__version__",

@@ -92,6 +92,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         qsub.add_parser(action, parents=[common]).add_argument("queue")
     qsub.add_parser("list", parents=[common])
 
+    p = sub.add_parser("topic", help="topics: create, delete, list, subscribe, publish")
+    tsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action in ("create", "delete", "show"):
+        tsub.add_parser(action, parents=[common]).add_argument("topic")
+    tsub.add_parser("list", parents=[common])
+    for action in ("subscribe", "unsubscribe"):
+        t = tsub.add_parser(action, parents=[common])
+        t.add_argument("topic")
+        t.add_argument("queue", help="subscribe creates it if it does not exist")
+    t = tsub.add_parser("publish", parents=[common], help="a copy to every subscribed queue")
+    t.add_argument("topic")
+    t.add_argument("body", nargs="?", help="the body (default: read stdin)")
+    t.add_argument("--content-type", help="the body's content type")
+    t.add_argument("--dedup-id", help="retries with the same dedup id store each copy once")
+
     p = sub.add_parser("push", help="push one message")
     p.add_argument("queue")
     p.add_argument("body", nargs="?", help="the body (default: read stdin)")
@@ -278,6 +293,41 @@ async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _topic(config: ClusterConfig, args: argparse.Namespace) -> int:
+    async with Client(config=config, token=args.token) as c:
+        if args.action == "create":
+            await c.create_topic(args.topic)
+            print(f"created topic {args.topic}")
+        elif args.action == "delete":
+            await c.delete_topic(args.topic)
+            print(f"deleted topic {args.topic} (its queues stay)")
+        elif args.action == "list":
+            for t in await c.list_topics():
+                print(t)
+        elif args.action == "show":
+            subs = await c.subscriptions(args.topic)
+            print(f"{args.topic}: {len(subs)} subscription(s)" + "".join(f"\n  {q}" for q in subs))
+        elif args.action == "subscribe":
+            new = await c.subscribe(args.topic, args.queue)
+            did = "subscribed to" if new else "was already subscribed to"
+            print(f"{args.queue} {did} {args.topic}")
+        elif args.action == "unsubscribe":
+            purged = await c.unsubscribe(args.topic, args.queue)
+            print(
+                f"{args.queue} unsubscribed from {args.topic}; {purged} pending message(s) purged"
+            )
+        else:
+            body = args.body.encode() if args.body is not None else sys.stdin.buffer.read()
+            got = await c.publish(
+                args.topic, body, content_type=args.content_type, dedup_id=args.dedup_id
+            )
+            for q, ids in got.ids.items():
+                print(f"{q} {ids[0]}{' (duplicate)' if got.duplicates[q] else ''}")
+            if not got.count:
+                print("no subscriptions: nothing stored", file=sys.stderr)
+    return 0
+
+
 async def _push(config: ClusterConfig, args: argparse.Namespace) -> int:
     if args.file is not None:
         body: bytes = args.file.read_bytes()
@@ -310,6 +360,7 @@ async def _pop(config: ClusterConfig, args: argparse.Namespace) -> int:
 
 _COMMANDS: dict[str, Callable[[ClusterConfig, argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "status": _status,
+    "topic": _topic,
     "queue": _queue,
     "push": _push,
     "pop": _pop,

@@ -9,10 +9,13 @@
     ├── Unauthorized          401  no credential, or one the node does not accept
     ├── Forbidden             403  a valid credential without the right for this call
     ├── QueueNotFound         404
+    ├── TopicNotFound         404
+    ├── SubscriptionNotFound  404  the queue is not subscribed to the topic
     ├── RouteNotFound         404  no such endpoint
     ├── MethodNotAllowed      405
     ├── RequestTimeout        408  a request head or body did not arrive in time
     ├── QueueExists           409
+    ├── TopicExists           409
     ├── QueueLimitReached     409  the metadata owner keeps limits.max_queues queues already
     ├── MessageIdConflict     409  a caller-chosen id is stored in another queue
     ├── MessageTooLarge       413  a body over limits.max_message_bytes
@@ -21,6 +24,8 @@
     │                              `leader` names the one it knows of (retriable there)
     ├── NodeUnavailable       503  a node the call needs is down or timed out (retriable)
     ├── StorageFailed         503  the node's storage refused a write (retriable elsewhere)
+    ├── PublishIncomplete     503  some copies of a publish were not stored; `failed`
+    │                              names the subscriptions (retry with the same dedup id)
     └── InternalError         500
 
 The server's middleware turns any of these into `{"error": {"code", "message"}}` with
@@ -47,12 +52,16 @@ __all__ = [
     "Misrouted",
     "NodeUnavailable",
     "NotLeader",
+    "PublishIncomplete",
     "QueueExists",
     "QueueLimitReached",
     "QueueNotFound",
     "RequestTimeout",
     "RouteNotFound",
     "StorageFailed",
+    "SubscriptionNotFound",
+    "TopicExists",
+    "TopicNotFound",
     "Unauthorized",
     "ZdmqError",
     "error_classes",
@@ -117,6 +126,16 @@ class QueueNotFound(ZdmqError):
     code = "queue_not_found"
 
 
+class TopicNotFound(ZdmqError):
+    status = 404
+    code = "topic_not_found"
+
+
+class SubscriptionNotFound(ZdmqError):
+    status = 404
+    code = "subscription_not_found"
+
+
 class RouteNotFound(ZdmqError):
     status = 404
     code = "not_found"
@@ -141,6 +160,11 @@ class RequestTimeout(ZdmqError):
 class QueueExists(ZdmqError):
     status = 409
     code = "queue_exists"
+
+
+class TopicExists(ZdmqError):
+    status = 409
+    code = "topic_exists"
 
 
 class QueueLimitReached(ZdmqError):
@@ -198,6 +222,26 @@ class StorageFailed(ZdmqError):
     retriable = True
 
 
+class PublishIncomplete(ZdmqError):
+    """A publish stored its copies in some subscriptions but not in those `failed` names
+    (each {"queue", "code", "message"}). A retry with the same dedup id stores the missing
+    copies and no second copy of the others."""
+
+    status = 503
+    code = "publish_incomplete"
+    # Not retried on its own: a publish without a dedup id would store a second copy in
+    # the subscriptions that have one. Its caller retries with the same dedup id.
+
+    def __init__(self, message: str = "", *, failed: list[dict[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.failed = failed or []
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = super().to_wire()
+        wire["error"]["failed"] = self.failed
+        return wire
+
+
 class InternalError(ZdmqError):
     status = 500
     code = "internal"
@@ -229,6 +273,9 @@ def from_wire(status: int, payload: Any) -> ZdmqError:
             503: NodeUnavailable,
         }.get(status, InternalError)
         message = message or f"HTTP {status}"
+    if cls is PublishIncomplete:
+        failed = payload["error"].get("failed")
+        return PublishIncomplete(message, failed=failed if isinstance(failed, list) else [])
     if cls is NotLeader:
         err = payload["error"]
         group, leader = err.get("group"), err.get("leader")

@@ -33,9 +33,11 @@ __all__ = [
     "AckResult",
     "Batch",
     "Message",
+    "Published",
     "QueueSettings",
     "QueueStats",
     "ReceivedMessage",
+    "copy_message_id",
     "decode_batch",
     "decode_body",
     "dedup_message_id",
@@ -116,6 +118,31 @@ class QueueStats:
     @property
     def visible(self) -> int:
         return self.messages - self.in_flight - self.delayed
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a publish or a broadcast stored: `count` queues got copies of the `messages`
+    message(s); `ids` names each queue's copies (in the order of the messages) and
+    `duplicates` how many were repeats of a retry that stored nothing; `missing` names
+    subscribed queues that no longer exist (skipped)."""
+
+    count: int
+    messages: int
+    ids: dict[str, list[str]]
+    duplicates: dict[str, int]
+    missing: tuple[str, ...] = ()
+
+    @classmethod
+    def from_wire(cls, j: dict[str, Any]) -> Published:
+        queues = j.get("queues", {})
+        return cls(
+            count=int(j["count"]),
+            messages=int(j["messages"]),
+            ids={q: list(v["ids"]) for q, v in queues.items()},
+            duplicates={q: int(v["duplicates"]) for q, v in queues.items()},
+            missing=tuple(j.get("missing", ())),
+        )
 
 
 # Bounds of the per-queue settings (SQS's where they exist).
@@ -288,6 +315,20 @@ def dedup_message_id(queue: str, dedup_id: Any) -> str:
     if not isinstance(dedup_id, str) or not 1 <= len(dedup_id) <= 256:
         raise InvalidMessage("dedup_id: expected a string of 1..256 characters")
     return str(uuid.uuid5(_DEDUP_NAMESPACE, f"{queue}\x00{dedup_id}"))
+
+
+# Copies that a publish or a broadcast stores in each queue (docs/design.md, Topics):
+# a namespace of their own, so no queue push's dedup id can map to a copy's id.
+_COPY_NAMESPACE = uuid.uuid5(_DEDUP_NAMESPACE, "zdmq copies")
+
+
+def copy_message_id(source: str, queue: str, dedup_id: Any) -> str:
+    """The id of the copy that a publish to topic `source` (or a broadcast: `source` "")
+    with `dedup_id` stores in `queue`: the same on every retry, and a different one in
+    each queue, so a retried publish stores each copy once."""
+    if not isinstance(dedup_id, str) or not 1 <= len(dedup_id) <= 256:
+        raise InvalidMessage("dedup_id: expected a string of 1..256 characters")
+    return str(uuid.uuid5(_COPY_NAMESPACE, f"{source}\x00{queue}\x00{dedup_id}"))
 
 
 def make_receipt(msg_id: str, token: str) -> str:

@@ -151,3 +151,27 @@ def test_up_starts_every_node_and_stops_them_all_on_sigterm(tmp_path: Path) -> N
         assert down.returncode == 1 and down.stdout.count("DOWN") == 3
         return
     pytest.fail("could not find free ports for zdmq up in 3 attempts")
+
+
+def test_topic_commands_subscribe_publish_show_and_unsubscribe(cluster4: LocalCluster) -> None:
+    cfg = str(cluster4.config_path)
+    t, a, b = unique("cli-t"), unique("cli-a"), unique("cli-b")
+
+    def ok(*args: str) -> str:
+        done = zdmq("topic", *args, "--config", cfg)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    ok("create", t)
+    assert zdmq("topic", "create", t, "--config", cfg).returncode == 1  # topic_exists
+    assert t in ok("list").split()
+    ok("subscribe", t, a)
+    ok("subscribe", t, b)
+    assert ok("show", t).split()[-2:] == [a, b]
+    published = ok("publish", t, "hello", "--dedup-id", "k1")
+    assert {line.split()[0] for line in published.splitlines()} == {a, b}
+    assert "(duplicate)" in ok("publish", t, "hello", "--dedup-id", "k1")
+    assert "1 pending message(s) purged" in ok("unsubscribe", t, b)
+    assert zdmq("pop", a, "--config", cfg).stdout.strip() == "hello"
+    ok("delete", t)
+    assert t not in ok("list").split()

@@ -24,7 +24,7 @@ METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 FRAME = {"Content-Type": BATCH_CONTENT_TYPE, "Accept": BATCH_CONTENT_TYPE}
 # Where a node takes a frame (request bodies) and gives one (replies), per docs/api.md's
 # "Binary batch frames" table.
-FRAME_REQUESTS = {"pushBatch", "ack", "nack", "extend"}
+FRAME_REQUESTS = {"pushBatch", "ack", "nack", "extend", "publishBatch"}
 FRAME_REPLIES = {("pop", "200"), ("receive", "200")}
 
 
@@ -118,7 +118,7 @@ async def _call(http: NodeHttp, op_id: str, spec: dict[str, Any]) -> tuple[str, 
     """Calls one operation with a frame where the document says the node takes one, asking
     for a frame in reply; returns (operationId, status, Content-Type, body)."""
     method, path, _ = _operations(spec)[op_id]
-    target = path.replace("{queue}", "docs")
+    target = path.replace("{queue}", "docs").replace("{topic}", "docs")
     params: dict[str, str] = {}
     data: bytes | None = None
     if op_id == "pushBatch":
@@ -135,6 +135,8 @@ async def _call(http: NodeHttp, op_id: str, spec: dict[str, Any]) -> tuple[str, 
         params = {"nack": {"delay_s": "0"}, "extend": {"visibility_s": "30"}}.get(op_id, {})
     elif op_id in ("pop", "receive"):
         params = {"max": "1"}
+    elif op_id == "publishBatch":  # to a topic with no subscriptions: nothing stored
+        data = encode_batch(bodies=[b"x"], dedup_ids=["d"])
     resp = await http.request(method, target, data=data, params=params, headers=FRAME)
     return op_id, resp.status, resp.content_type, await resp.read()
 
@@ -143,7 +145,8 @@ async def test_a_real_node_answers_each_frame_call_as_the_document_says(http: No
     spec = _spec()
     ops = _operations(spec)
     assert (await http.put("/v1/queues/docs")).status == 201
-    order = ["pushBatch", "receive", "extend", "nack", "ack", "pop"]
+    assert (await http.put("/v1/topics/docs")).status == 201
+    order = ["pushBatch", "receive", "extend", "nack", "ack", "pop", "publishBatch"]
     frame_ops = FRAME_REQUESTS | {op_id for op_id, _ in FRAME_REPLIES}
     assert set(order) == frame_ops
     seen = []
@@ -167,7 +170,10 @@ async def test_a_frame_request_with_a_bad_magic_is_a_documented_400(
     method, path, op = _operations(_spec())[op_id]
     assert (await http.put("/v1/queues/docs")).status == 201
     resp = await http.request(
-        method, path.replace("{queue}", "docs"), data=b"NOPE" + bytes(8), headers=FRAME
+        method,
+        path.replace("{queue}", "docs").replace("{topic}", "docs"),
+        data=b"NOPE" + bytes(8),
+        headers=FRAME,
     )
     assert resp.status == 400
     assert "400" in op["responses"]

@@ -16,9 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zdmq.errors import MessageIdConflict, MessageTooLarge, QueueExists, QueueNotFound
+from zdmq.errors import (
+    MessageIdConflict,
+    MessageTooLarge,
+    QueueExists,
+    QueueNotFound,
+    SubscriptionNotFound,
+    TopicExists,
+    TopicNotFound,
+)
 from zdmq.models import QueueSettings
-from zdmq.raft.sim_queue import state_view
+from zdmq.raft.sim_queue import plain, state_view
 from zdmq.server.machine import (
     Command,
     DropEmpty,
@@ -36,22 +44,22 @@ from zdmq.server.machine import (
 )
 from zdmq.server.state import (
     CreateQueue,
+    CreateTopic,
     DropQueue,
+    DropTopic,
     NodeState,
     Register,
+    Subscribe,
     Taken,
     Unregister,
+    Unsubscribe,
 )
 
 QUEUES = ("jobs", "mail", "jobs-dlq")
+TOPICS = ("events", "jobs")  # "jobs" is a queue's name too: the namespaces are separate
 
 
 dump = state_view
-
-
-def plain(result: Any) -> Any:
-    """A result as a value (errors do not compare equal as objects)."""
-    return (type(result), str(result)) if isinstance(result, Exception) else result
 
 
 class Cluster:
@@ -123,6 +131,11 @@ class Cluster:
                     DropQueue(q, "inc", self.now),
                     Register(q, rng.choice("abc"), f"m{self.n}"),
                     Unregister(q, rng.choice("abc")),
+                    CreateTopic(t := rng.choice(TOPICS), self.now),
+                    DropTopic(t),
+                    Subscribe(t, q),
+                    Subscribe(t, q),
+                    Unsubscribe(t, q),
                 ]
             )
             self.run(Meta([op], max_queues=2))
@@ -220,6 +233,31 @@ def test_a_command_stamped_before_the_latest_time_seen_runs_at_that_time() -> No
     taken = apply_command(state, Take("jobs", 2, 5.0, None, 5.0, "ba9876543210"))
     assert [m.id for m in taken] == ["a", "b"]
     assert state.hot["a"].lease_until == 13.0 and state.clock == 8.0
+
+
+def test_topic_ops_keep_their_own_namespace_and_refuse_what_does_not_apply() -> None:
+    state = NodeState()
+    apply_command(state, Meta([CreateQueue("jobs", "i1", 1.0)]))
+    ops = [CreateTopic("jobs", 2.0), Subscribe("jobs", "a"), Subscribe("jobs", "b")]
+    assert apply_command(state, Meta(ops)) == [True, True, True]
+    assert apply_command(state, Meta([Subscribe("jobs", "a")])) == [False]
+    assert isinstance(apply_command(state, Meta([CreateTopic("jobs", 3.0)])), TopicExists)
+    assert isinstance(apply_command(state, Meta([Subscribe("mail", "a")])), TopicNotFound)
+    refused = apply_command(state, Meta([Unsubscribe("jobs", "a"), Unsubscribe("jobs", "z")]))
+    assert isinstance(refused, SubscriptionNotFound)
+    # The unsubscribe before the refused op took effect; a second subscribe joins the end.
+    assert apply_command(state, Meta([Subscribe("jobs", "a")])) == [True]
+    assert list(state.topics["jobs"].subscriptions) == ["b", "a"]
+    assert list(state.meta) == ["jobs"]
+    assert isinstance(
+        apply_command(state, Meta([CreateTopic("other", 4.0)], max_queues=1)), Exception
+    )
+    assert apply_command(state, Meta([DropTopic("jobs")])) == [True]
+    assert state.topics == {} and list(state.meta) == ["jobs"]
+    assert isinstance(apply_command(state, Meta([DropTopic("jobs")])), TopicNotFound)
+    # An empty Meta is a read barrier: it changes nothing, and survives the wire.
+    assert apply_command(state, Meta([])) == []
+    assert decode_command(encode_command(Meta([]))) == Meta((), None)
 
 
 @pytest.mark.parametrize("data", [b"", b"\x93\x01", b"\x92\x63\x00", b"\xc1", b"\x91\x02"])

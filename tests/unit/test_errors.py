@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from zdmq import errors
@@ -13,6 +15,7 @@ from zdmq.errors import (
     Misrouted,
     NodeUnavailable,
     NotLeader,
+    PublishIncomplete,
     QueueExists,
     RouteNotFound,
     StorageFailed,
@@ -40,7 +43,9 @@ def test_error_classes_lists_every_public_error_class_by_its_code() -> None:
 def test_every_error_class_round_trips_through_the_wire(cls: type[ZdmqError]) -> None:
     sent = cls("queue 'jobs' went wrong: \u2603")
     payload = sent.to_wire()
-    extra = {"group": "", "leader": None} if cls is NotLeader else {}
+    extra: dict[str, Any] = {"group": "", "leader": None} if cls is NotLeader else {}
+    if cls is PublishIncomplete:
+        extra = {"failed": []}
     assert payload == {
         "error": {"code": cls.code, "message": "queue 'jobs' went wrong: \u2603", **extra}
     }

@@ -18,13 +18,17 @@ from zdmq.errors import StorageFailed
 from zdmq.models import QueueSettings
 from zdmq.server.state import (
     CreateQueue,
+    CreateTopic,
     DropQueue,
+    DropTopic,
     MessageView,
     NodeState,
     Op,
     Push,
     Register,
+    Subscribe,
     Unregister,
+    Unsubscribe,
 )
 from zdmq.server.storage import MemoryStorage, SqliteStorage, open_storage
 
@@ -437,6 +441,29 @@ async def test_queue_settings_survive_a_reopen_in_the_metadata(tmp_path: Path) -
     again = await _commit_and_reopen(storage, rec.take())
     assert again.meta["jobs"].settings == settings
     assert again.meta["jobs-dlq"].settings == QueueSettings()
+
+
+async def test_topics_and_their_subscriptions_survive_a_reopen_in_their_order(
+    tmp_path: Path,
+) -> None:
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    rec = _Recorder(storage.load())
+    rec(CreateQueue("events", "inc-1", 1.0))  # a queue may share a topic's name
+    rec(CreateTopic("events", 2.0))
+    rec(CreateTopic("gone", 3.0))
+    for q in ("c", "a", "b"):
+        rec(Subscribe("events", q))
+    rec(Subscribe("gone", "a"))
+    rec(Unsubscribe("events", "c"))
+    rec(Subscribe("events", "c"))  # subscribed again: it comes last
+    rec(DropTopic("gone"))
+    live = rec.state
+    again = await _commit_and_reopen(storage, rec.take())
+    assert list(again.topics) == ["events"] == list(live.topics)
+    assert list(again.topics["events"].subscriptions) == ["a", "b", "c"]
+    assert list(live.topics["events"].subscriptions) == ["a", "b", "c"]
+    assert again.topics["events"].created_at == 2.0
+    assert list(again.meta) == ["events"]
 
 
 def _old_schema_db(path: Path, mid: str) -> None:

@@ -42,14 +42,17 @@ from zdmq.models import (
     SETTLED_KEY,
     AckResult,
     Message,
+    Published,
     QueueSettings,
     QueueStats,
     ReceivedMessage,
+    copy_message_id,
     decode_batch,
     dedup_message_id,
     encode_batch,
     group_receipts,
     message_from_wire,
+    message_to_wire,
     new_message_id,
     new_message_ids,
     received_from_wire,
@@ -435,6 +438,168 @@ class Client:
         for start in range(0, n, self._max_batch):
             ids += new_message_ids(min(self._max_batch, n - start), self.placement.owner)
         return ids
+
+    # ---- topics and broadcast --------------------------------------------------------
+    # A topic's calls go to the group that owns its name (docs/design.md, Topics): that
+    # group's leader keeps its subscriptions and fans every publish out.
+    async def create_topic(self, topic: str) -> None:
+        validate_queue_name(topic)
+        self._begin("create_topic")
+        await self._call("create_topic", self.placement.owner(topic), "PUT", f"/v1/topics/{topic}")
+
+    async def delete_topic(self, topic: str) -> None:
+        """Deletes a topic and its subscriptions; the subscribed queues stay."""
+        validate_queue_name(topic)
+        self._begin("delete_topic")
+        await self._call(
+            "delete_topic", self.placement.owner(topic), "DELETE", f"/v1/topics/{topic}"
+        )
+
+    async def list_topics(self) -> list[str]:
+        self._begin("list_topics")
+        reply = await self._call("list_topics", self._any_node(), "GET", "/v1/topics")
+        return list(reply.json()["topics"])
+
+    async def subscriptions(self, topic: str) -> list[str]:
+        """The queues subscribed to `topic`, in the order they subscribed."""
+        validate_queue_name(topic)
+        self._begin("subscriptions")
+        reply = await self._call(
+            "subscriptions", self.placement.owner(topic), "GET", f"/v1/topics/{topic}"
+        )
+        return list(reply.json()["subscriptions"])
+
+    async def subscribe(
+        self, topic: str, queue: str, *, settings: QueueSettings | None = None
+    ) -> bool:
+        """Subscribes `queue` to `topic`, creating the queue (with `settings`) if it does
+        not exist; every publish that starts after this returns stores a copy in it.
+        Returns whether the subscription is new."""
+        validate_queue_name(topic)
+        validate_queue_name(queue)
+        body: dict[str, Any] = {"queue": queue}
+        if settings is not None:
+            body["settings"] = settings.to_wire()
+        self._begin("subscribe")
+        reply = await self._call(
+            "subscribe",
+            self.placement.owner(topic),
+            "POST",
+            f"/v1/topics/{topic}/subscriptions",
+            data=_http.dumps(body),
+            headers=_http.JSON_HEADERS,
+        )
+        return bool(reply.json()["subscribed"])
+
+    async def unsubscribe(self, topic: str, queue: str) -> int:
+        """Ends the subscription and purges the queue's pending messages (the queue
+        stays); returns how many were purged."""
+        validate_queue_name(topic)
+        validate_queue_name(queue)
+        self._begin("unsubscribe")
+        reply = await self._call(
+            "unsubscribe",
+            self.placement.owner(topic),
+            "DELETE",
+            f"/v1/topics/{topic}/subscriptions/{queue}",
+        )
+        return int(reply.json()["purged"])
+
+    async def publish(
+        self,
+        topic: str,
+        body: Body,
+        *,
+        content_type: str | None = None,
+        dedup_id: str | None = None,
+    ) -> Published:
+        """Stores a copy of one message in every queue subscribed to `topic`; returns
+        once every copy is stored. With `dedup_id` a retry stores no copy twice (and the
+        client retries a call whose outcome is unknown); without one a retry may."""
+        validate_queue_name(topic)
+        if content_type is not None:
+            validate_content_type(content_type)
+        data, ctype = _bytes(body, content_type)
+        headers = {"Content-Type": ctype}
+        if dedup_id is not None:
+            copy_message_id(topic, topic, dedup_id)  # a bad dedup id fails here
+            headers["zdmq-dedup-id"] = dedup_id
+        self._begin("publish")
+        reply = await self._call(
+            "publish",
+            self.placement.owner(topic),
+            "POST",
+            f"/v1/topics/{topic}/messages",
+            data=data,
+            headers=headers,
+            once=dedup_id is None,
+        )
+        return Published.from_wire(reply.json())
+
+    async def publish_many(
+        self,
+        topic: str,
+        bodies: Iterable[Body],
+        *,
+        dedup_ids: Sequence[str | None] | None = None,
+    ) -> Published:
+        """Publishes a batch (at most `max_batch_messages`, one call): a copy of every
+        message in every subscribed queue. `dedup_ids` pairs a dedup id (or None) with
+        each body, as in push_many."""
+        validate_queue_name(topic)
+        bodies = list(bodies)
+        if dedup_ids is not None and len(dedup_ids) != len(bodies):
+            raise ValueError("dedup_ids must pair one dedup id (or None) with each body")
+        items = []
+        for body in bodies:
+            data, ctype = _bytes(body, None)
+            items.append((data, None if ctype == _OCTET else ctype))
+        frame = encode_batch(
+            bodies=[b for b, _ in items],
+            content_types=[c for _, c in items] if any(c for _, c in items) else None,
+            dedup_ids=list(dedup_ids) if dedup_ids is not None else None,
+        )
+        self._begin("publish_many")
+        reply = await self._call(
+            "publish_many",
+            self.placement.owner(topic),
+            "POST",
+            f"/v1/topics/{topic}/batch",
+            data=frame,
+            headers=_FRAME,
+            once=dedup_ids is None or None in dedup_ids,
+        )
+        return Published.from_wire(reply.json())
+
+    async def broadcast(
+        self,
+        queues: Sequence[str],
+        body: Body,
+        *,
+        content_type: str | None = None,
+        dedup_id: str | None = None,
+    ) -> Published:
+        """Stores a copy of one message in each of `queues`, in one call. Every queue
+        must exist: otherwise QueueNotFound, and nothing is stored."""
+        for q in queues:
+            validate_queue_name(q)
+        data, ctype = _bytes(body, content_type)
+        message = message_to_wire("", data, ctype)
+        message.pop("id", None)
+        payload: dict[str, Any] = {"queues": list(queues), **message}
+        if dedup_id is not None:
+            payload["dedup_id"] = dedup_id
+        self._begin("broadcast")
+        reply = await self._call(
+            "broadcast",
+            self._any_node(),
+            "POST",
+            "/v1/broadcast",
+            data=_http.dumps(payload),
+            headers=_http.JSON_HEADERS,
+            once=dedup_id is None,
+        )
+        return Published.from_wire(reply.json())
 
     # ---- pop and receive -------------------------------------------------------------
     async def pop(self, queue: str, *, wait_s: float = 0.0) -> Message | None:

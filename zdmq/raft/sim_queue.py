@@ -69,6 +69,7 @@ def state_view(state: NodeState) -> Any:
         dict(state.ready_ids),
         {q: (m.incarnation, m.settings, list(m.nodes.items())) for q, m in state.meta.items()},
         dict(state.tombstones),
+        {t: (m.created_at, list(m.subscriptions)) for t, m in state.topics.items()},
         dict(state.dedup),
         dict(state.dead_lettered),
         state.next_seq,

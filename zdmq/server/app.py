@@ -41,6 +41,8 @@ from zdmq.errors import (
     MessageTooLarge,
     Misrouted,
     NodeUnavailable,
+    PublishIncomplete,
+    QueueNotFound,
     RouteNotFound,
     Unauthorized,
     ZdmqError,
@@ -52,6 +54,7 @@ from zdmq.models import (
     MAX_WAIT_S,
     SETTLED_KEY,
     QueueSettings,
+    copy_message_id,
     decode_batch,
     decode_body,
     dedup_message_id,
@@ -727,6 +730,259 @@ async def extend(request: Request) -> Response:
     return await _settle(request, "extend")
 
 
+# ---- topics and broadcast -----------------------------------------------------------------
+# A topic's record lives with the metadata owner of its name (its own namespace: a topic
+# and a queue may share a name). A publish goes to that owner, which reads the
+# subscriptions and stores a copy of each message in every subscribed queue, each copy an
+# ordinary push to the queue (docs/design.md, "Topics and broadcast").
+def _topic(request: Request) -> str:
+    return validate_queue_name(request.match_info["topic"])
+
+
+async def _on_topic_owner(request: Request) -> tuple[Node, str, Response | None]:
+    """(node, topic, None) on the topic's metadata owner; elsewhere the forwarded call's
+    reply in place of None."""
+    node, topic = await _node(request), _topic(request)
+    owner = node.meta_owner(topic)
+    if owner != node.id:
+        return node, topic, await _forward(node, owner, request, await request.read())
+    return node, topic, None
+
+
+def _check_rights(request: Request, names: Iterable[str], right: str) -> None:
+    """A client token's `right` on every queue in `names` (a node may do anything)."""
+    clients: ClientGuard | None = request.app[CLIENTS]
+    if clients is None or NODE_AUTH_HEADER in request.headers:
+        return
+    token = clients.token(request.headers.get("Authorization"))
+    for name in names:
+        require(token, name, right)
+
+
+async def list_topics(request: Request) -> Response:
+    topics = await (await _node(request)).list_topics()
+    clients: ClientGuard | None = request.app[CLIENTS]
+    if clients is not None and NODE_AUTH_HEADER not in request.headers:
+        token = clients.token(request.headers.get("Authorization"))
+        topics = [t for t in topics if rights_on(token, t)]
+    return _json({"topics": topics})
+
+
+async def create_topic(request: Request) -> Response:
+    node, topic, forwarded = await _on_topic_owner(request)
+    if forwarded is not None:
+        return forwarded
+    if await request.read():
+        raise BadRequest("a topic takes no body")
+    await node.create_topic(topic)
+    return _json({"topic": topic, "subscriptions": []}, status=201)
+
+
+async def get_topic(request: Request) -> Response:
+    node, topic, forwarded = await _on_topic_owner(request)
+    return forwarded or _json(node.topic(topic))
+
+
+async def delete_topic(request: Request) -> Response:
+    node, topic, forwarded = await _on_topic_owner(request)
+    if forwarded is not None:
+        return forwarded
+    await node.drop_topic(topic)
+    return Response(status=204)
+
+
+async def subscribe(request: Request) -> Response:
+    node, topic, forwarded = await _on_topic_owner(request)
+    if forwarded is not None:
+        return forwarded
+    payload = await _json_body(request)
+    if not isinstance(payload, dict) or set(payload) - {"queue", "settings"}:
+        raise BadRequest('expected {"queue": "...", "settings": {...}} (settings optional)')
+    queue = validate_queue_name(payload.get("queue"))
+    _check_rights(request, [queue], ADMIN)
+    raw = payload.get("settings")
+    settings = None
+    if raw is not None:
+        settings = QueueSettings.from_wire(
+            raw, max_message_bytes=node.config.limits.max_message_bytes
+        )
+    added, created = await node.subscribe(topic, queue, settings)
+    return _json(
+        {"topic": topic, "queue": queue, "subscribed": added, "queue_created": created},
+        status=201 if added else 200,
+    )
+
+
+async def unsubscribe(request: Request) -> Response:
+    node, topic, forwarded = await _on_topic_owner(request)
+    if forwarded is not None:
+        return forwarded
+    queue = validate_queue_name(request.match_info["queue"])
+    purged, unavailable = await node.unsubscribe(topic, queue)
+    return _json({"topic": topic, "queue": queue, "purged": purged, "unavailable": unavailable})
+
+
+class _Copy:
+    """One message to fan out: its body and content type, and the dedup id its copies'
+    ids derive from (None: fresh ids, so a retry stores new copies)."""
+
+    __slots__ = ("body", "content_type", "dedup_id")
+
+    def __init__(self, body: bytes, content_type: str | None, dedup_id: str | None) -> None:
+        self.body, self.content_type, self.dedup_id = body, content_type, dedup_id
+
+
+async def _publish_items(request: Request, node: Node) -> list[_Copy]:
+    """The messages of a publish: one (the body, as a queue push) or a batch (the JSON
+    or the frame of a queue batch). Message ids cannot be given: each copy has its own."""
+
+    limits = node.config.limits
+    if request.path.endswith("/messages"):
+        body = await request.read()
+        if len(body) > limits.max_message_bytes:
+            raise MessageTooLarge(
+                f"message of {len(body)} bytes is over the {limits.max_message_bytes}-byte limit"
+            )
+        if ID_HEADER in request.headers:
+            raise BadRequest(f"a publish takes {DEDUP_HEADER}, not {ID_HEADER}")
+        dedup_id = request.headers.get(DEDUP_HEADER)
+        if dedup_id is not None:
+            copy_message_id("", "q", dedup_id)  # checks it
+        ctype = request.headers.get("Content-Type")
+        if ctype is not None:
+            validate_content_type(ctype)
+        return [_Copy(body, ctype, dedup_id)]
+    if _is_frame(request):
+        b = decode_batch(request.body, max_count=limits.max_batch_messages)
+        if b.ids is not None and any(i is not None for i in b.ids):
+            raise BadRequest("a publish batch frame takes dedup_ids, not ids")
+        items = _frame_items("q", request.body, limits.max_batch_messages, limits.max_message_bytes)
+        dedups = b.dedup_ids or [None] * b.count
+    else:
+        payload = await _json_body(request)
+        raw = payload.get("messages") if isinstance(payload, dict) else None
+        if isinstance(raw, list) and any(isinstance(m, dict) and "id" in m for m in raw):
+            raise BadRequest("a publish batch takes dedup_id, not id: each copy has its own")
+        items = _batch_items(
+            "q", payload, limits.max_batch_messages, limits.max_message_bytes, False
+        )
+        dedups = [m.get("dedup_id") for m in raw] if isinstance(raw, list) else []
+    return [_Copy(item.body, item.content_type, d) for item, d in zip(items, dedups, strict=True)]
+
+
+async def _store_copies(node: Node, queue: str, items: list[PushItem]) -> int:
+    """Stores `items` in `queue` on the nodes that own their ids (one call per owner, in
+    parallel, as a queue batch does); returns how many were repeats."""
+    by_owner: defaultdict[str, list[PushItem]] = defaultdict(list)
+    for item in items:
+        by_owner[node.placement.owner(item.id)].append(item)
+
+    async def store(owner: str, part: list[PushItem]) -> int:
+        if owner == node.id:
+            return sum(await node.push_local(queue, part))
+        path = f"/v1/queues/{queue}/batch"
+        if any([item.dedup for item in part]):
+            reply = await node.peer_call(owner, "POST", path, json=_batch_wire(part))
+        else:
+            ids, bodies, ctypes, _ = zip(*part, strict=True)
+            frame = encode_batch(ids=ids, bodies=bodies, content_types=ctypes)
+            reply = await node.peer_call(owner, "POST", path, data=frame, headers=_FRAME)
+        return int(reply.json().get("duplicates", 0))
+
+    return sum(await asyncio.gather(*(store(o, p) for o, p in by_owner.items())))
+
+
+async def _fan_out(
+    node: Node, source: str, queues: Sequence[str], copies: list[_Copy]
+) -> dict[str, Any]:
+    """Stores a copy of every message in every queue, all queues in parallel; replies once
+    every copy is committed. A copy's id derives from the message's dedup id, `source`
+    and the queue (copy_message_id), so a retry stores none twice; without a dedup id
+    it is fresh. A queue that does not exist (deleted meanwhile) is skipped and named;
+    any other failure fails the whole call (PublishIncomplete naming the queues)."""
+
+    def items_for(queue: str) -> list[PushItem]:
+        fresh = iter(new_message_ids(sum(c.dedup_id is None for c in copies), node.placement.owner))
+        return [
+            PushItem(copy_message_id(source, queue, c.dedup_id), c.body, c.content_type, True)
+            if c.dedup_id is not None
+            else PushItem(next(fresh), c.body, c.content_type, False)
+            for c in copies
+        ]
+
+    parts = {q: items_for(q) for q in queues}
+    results = await asyncio.gather(
+        *(_store_copies(node, q, part) for q, part in parts.items()), return_exceptions=True
+    )
+    missing: list[str] = []
+    failed: list[dict[str, str]] = []
+    stored: dict[str, Any] = {}
+    for (queue, part), r in zip(parts.items(), results, strict=True):
+        if isinstance(r, QueueNotFound):
+            missing.append(queue)
+        elif isinstance(r, ZdmqError):
+            failed.append({"queue": queue, "code": r.code, "message": r.message})
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            stored[queue] = {"ids": [item.id for item in part], "duplicates": r}
+    if failed:
+        names = ", ".join(f["queue"] for f in failed)
+        raise PublishIncomplete(
+            f"copies not stored in {names} (the others are): retry with the same dedup id(s)",
+            failed=failed,
+        )
+    return {"count": len(stored), "messages": len(copies), "queues": stored, "missing": missing}
+
+
+def _fanned_out(result: dict[str, Any], **head: Any) -> Response:
+    fresh = any(q["duplicates"] < result["messages"] for q in result["queues"].values())
+    return _json({**head, **result}, status=201 if fresh else 200)
+
+
+async def publish(request: Request) -> Response:
+    node, topic, forwarded = await _on_topic_owner(request)
+    if forwarded is not None:
+        return forwarded
+    copies = await _publish_items(request, node)
+    queues = await node.publish_targets(topic)
+    return _fanned_out(await _fan_out(node, topic, queues, copies), topic=topic)
+
+
+async def broadcast(request: Request) -> Response:
+    """One message into each of the named queues: every queue must exist (checked first;
+    404 naming the missing ones, nothing stored), then the same fan-out as a publish."""
+    node = await _node(request)
+    payload = await _json_body(request)
+    queues = payload.get("queues") if isinstance(payload, dict) else None
+    if not isinstance(queues, list) or not queues:
+        raise BadRequest('expected {"queues": ["...", ...], "body": ..., ...}')
+    if len(queues) > node.config.limits.max_batch_messages:
+        raise BatchTooLarge(f"{len(queues)} queues is over the batch limit")
+    for q in queues:
+        validate_queue_name(q)
+    if len(set(queues)) != len(queues):
+        raise BadRequest("queues: each queue once")
+    _check_rights(request, queues, WRITE)
+    message = {k: v for k, v in payload.items() if k != "queues"}
+    if "id" in message:
+        raise BadRequest("a broadcast takes dedup_id, not id: each copy has its own")
+    [item] = _batch_items(
+        "q", {"messages": [message]}, 1, node.config.limits.max_message_bytes, False
+    )
+    copy = _Copy(item.body, item.content_type, message.get("dedup_id"))
+    found = await asyncio.gather(
+        *(node.metadata_via_owner(q) for q in queues), return_exceptions=True
+    )
+    missing = [q for q, r in zip(queues, found, strict=True) if isinstance(r, QueueNotFound)]
+    if missing:
+        raise QueueNotFound(f"queue(s) {missing} do not exist: nothing was stored")
+    for r in found:
+        if isinstance(r, BaseException):
+            raise r
+    return _fanned_out(await _fan_out(node, "", queues, [copy]))
+
+
 # ---- node-to-node protocol ----------------------------------------------------------------
 def _owner_only(node: Node, queue: str) -> None:
     if node.meta_owner(queue) != node.id:
@@ -804,6 +1060,10 @@ async def internal_depth(request: Request) -> Response:
 
 async def internal_owned(request: Request) -> Response:
     return _json({"queues": (await _node(request)).owned_queues()})
+
+
+async def internal_owned_topics(request: Request) -> Response:
+    return _json({"topics": (await _node(request)).owned_topics()})
 
 
 async def _registrations(request: Request) -> tuple[Any, dict[str, str], dict[str, str]]:
@@ -921,7 +1181,8 @@ def _guarded(
             return
         token = clients.token(headers.get("Authorization"))
         if need != ANY_CLIENT:
-            require(token, request.match_info["queue"], need)
+            match = request.match_info
+            require(token, match["topic"] if "topic" in match else match["queue"], need)
 
     async def guarded(request: Request) -> Response:
         try:
@@ -1045,9 +1306,19 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/queues/{queue}/ack", ack, READ),
     ("POST", "/v1/queues/{queue}/nack", nack, READ),
     ("POST", "/v1/queues/{queue}/extend", extend, READ),
+    ("GET", "/v1/topics", list_topics, ANY_CLIENT),
+    ("PUT", "/v1/topics/{topic}", create_topic, ADMIN),
+    ("GET", "/v1/topics/{topic}", get_topic, READ),
+    ("DELETE", "/v1/topics/{topic}", delete_topic, ADMIN),
+    ("POST", "/v1/topics/{topic}/subscriptions", subscribe, ADMIN),
+    ("DELETE", "/v1/topics/{topic}/subscriptions/{queue}", unsubscribe, ADMIN),
+    ("POST", "/v1/topics/{topic}/messages", publish, WRITE),
+    ("POST", "/v1/topics/{topic}/batch", publish, WRITE),
+    ("POST", "/v1/broadcast", broadcast, ANY_CLIENT),
     ("POST", "/v1/internal/queues/{queue}/purge", internal_purge, NODE_ONLY),
     ("GET", "/v1/internal/queues/{queue}/depth", internal_depth, NODE_ONLY),
     ("GET", "/v1/internal/owned-queues", internal_owned, NODE_ONLY),
+    ("GET", "/v1/internal/owned-topics", internal_owned_topics, NODE_ONLY),
     ("POST", "/v1/internal/sweep", internal_sweep, NODE_ONLY),
     ("POST", "/v1/internal/register", internal_register, NODE_ONLY),
     ("POST", "/v1/internal/unregister", internal_unregister, NODE_ONLY),

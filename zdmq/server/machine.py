@@ -21,7 +21,8 @@ raising it: an error is a result like any other, the same on every replica.
     Expire      requeue (or dead-letter) leases that ran out
     Wake        delayed messages whose time has come become ready
     Housekeep   drop messages past retention, forget ended dedup records
-    Meta        metadata-owner changes: create, drop, register, unregister
+    Meta        metadata-owner changes: create, drop, register, unregister; create and
+                drop topics, subscribe and unsubscribe queues
     PurgeQueue  drop this node's share of a queue
     DropEmpty   forget an emptied UUID queue (ZDMQ's empty step)
 """
@@ -40,20 +41,27 @@ from zdmq.errors import (
     QueueExists,
     QueueLimitReached,
     QueueNotFound,
+    SubscriptionNotFound,
+    TopicExists,
+    TopicNotFound,
     ZdmqError,
 )
 from zdmq.models import QueueSettings
 from zdmq.server.state import (
     CreateQueue,
+    CreateTopic,
     DeadLetter,
     DropQueue,
+    DropTopic,
     NodeState,
     Op,
     Register,
     Remove,
     Requeue,
+    Subscribe,
     Taken,
     Unregister,
+    Unsubscribe,
 )
 
 __all__ = [
@@ -150,16 +158,33 @@ class Housekeep(NamedTuple):
     retention: Sequence[tuple[str, float]]
 
 
+MetaOp = (
+    CreateQueue
+    | DropQueue
+    | Register
+    | Unregister
+    | CreateTopic
+    | DropTopic
+    | Subscribe
+    | Unsubscribe
+)
+
+
 class Meta(NamedTuple):
     """Metadata-owner changes, in order: `CreateQueue` (refused if the queue exists or
     the owner keeps `max_queues` already), `DropQueue` (refused if it does not exist),
-    `Register` (a no-op if listed) and `Unregister` (a no-op if not listed).
+    `Register` (a no-op if listed) and `Unregister` (a no-op if not listed); for topics
+    `CreateTopic` (refused if the topic exists or the owner keeps `max_queues` topics
+    already), `DropTopic` (refused if it does not exist), `Subscribe` (refused if the
+    topic does not exist, a no-op if subscribed) and `Unsubscribe` (refused if not
+    subscribed). A Meta without ops changes nothing: a publish runs one to read the
+    subscriptions as of a commit in the leader's term.
 
     Result: per op, whether it changed anything; or the error of the first refused
-    create or drop (the ops before it took effect, none after it).
+    op (the ops before it took effect, none after it).
     """
 
-    ops: Sequence[CreateQueue | DropQueue | Register | Unregister]
+    ops: Sequence[MetaOp]
     max_queues: int | None = None
 
 
@@ -305,6 +330,14 @@ def _housekeep(state: NodeState, c: Housekeep) -> int:
 def _meta(state: NodeState, c: Meta) -> list[bool] | ZdmqError:
     done: list[bool] = []
     for op in c.ops:
+        if isinstance(op, CreateTopic | DropTopic | Subscribe | Unsubscribe):
+            refused = _topic_op(state, op, c.max_queues)
+            if isinstance(refused, ZdmqError):
+                return refused
+            if refused:
+                state.apply(op)
+            done.append(refused)
+            continue
         meta = state.meta.get(op.queue)
         if type(op) is CreateQueue:
             if meta is not None:
@@ -326,6 +359,28 @@ def _meta(state: NodeState, c: Meta) -> list[bool] | ZdmqError:
         state.apply(op)
         done.append(True)
     return done
+
+
+def _topic_op(
+    state: NodeState, op: CreateTopic | DropTopic | Subscribe | Unsubscribe, max_topics: int | None
+) -> bool | ZdmqError:
+    """Whether a topic op changes anything (True: apply it), or the error refusing it."""
+    topic = state.topics.get(op.topic)
+    if type(op) is CreateTopic:
+        if topic is not None:
+            return TopicExists(f"topic {op.topic!r} already exists")
+        if max_topics is not None and len(state.topics) >= max_topics:
+            return QueueLimitReached(
+                f"this node keeps the metadata of {len(state.topics)} topics, its limit"
+            )
+        return True
+    if topic is None:
+        return TopicNotFound(f"topic {op.topic!r} does not exist")
+    if type(op) is Subscribe:
+        return op.queue not in topic.subscriptions
+    if type(op) is Unsubscribe and op.queue not in topic.subscriptions:
+        return SubscriptionNotFound(f"queue {op.queue!r} is not subscribed to topic {op.topic!r}")
+    return True
 
 
 def _purge(state: NodeState, c: PurgeQueue) -> int:
@@ -360,7 +415,16 @@ _APPLY: dict[type, Callable[[NodeState, Any], Any]] = {
 # arrays too (their tag, then their fields; a queue's settings as a map).
 _TAGS: dict[type, int] = {kind: i for i, kind in enumerate(_APPLY, start=1)}
 _KINDS: dict[int, type] = {i: kind for kind, i in _TAGS.items()}
-_OP_TAGS: dict[type, int] = {CreateQueue: 1, DropQueue: 2, Register: 3, Unregister: 4}
+_OP_TAGS: dict[type, int] = {
+    CreateQueue: 1,
+    DropQueue: 2,
+    Register: 3,
+    Unregister: 4,
+    CreateTopic: 5,
+    DropTopic: 6,
+    Subscribe: 7,
+    Unsubscribe: 8,
+}
 _OP_KINDS: dict[int, type] = {i: kind for kind, i in _OP_TAGS.items()}
 
 
@@ -384,7 +448,7 @@ def decode_command(data: bytes) -> Command:
         raise ValueError(f"not a command: {type(e).__name__}: {e}") from None
 
 
-def _encode_op(op: CreateQueue | DropQueue | Register | Unregister) -> list[Any]:
+def _encode_op(op: MetaOp) -> list[Any]:
     if type(op) is CreateQueue:
         return [
             _OP_TAGS[CreateQueue],
@@ -396,7 +460,7 @@ def _encode_op(op: CreateQueue | DropQueue | Register | Unregister) -> list[Any]
     return [_OP_TAGS[type(op)], *op]
 
 
-def _decode_op(raw: Sequence[Any]) -> CreateQueue | DropQueue | Register | Unregister:
+def _decode_op(raw: Sequence[Any]) -> MetaOp:
     tag, *fields = raw
     kind = _OP_KINDS[tag]
     if kind is CreateQueue:

@@ -39,6 +39,8 @@ from zdmq.errors import (
     QueueLimitReached,
     QueueNotFound,
     StorageFailed,
+    TopicExists,
+    TopicNotFound,
     ZdmqError,
 )
 from zdmq.hashing import Placement
@@ -65,13 +67,17 @@ from zdmq.server.machine import (
 )
 from zdmq.server.state import (
     CreateQueue,
+    CreateTopic,
     DeadLetter,
     DropQueue,
+    DropTopic,
     NodeState,
     Op,
     Register,
+    Subscribe,
     Taken,
     Unregister,
+    Unsubscribe,
 )
 from zdmq.server.storage import Storage
 
@@ -512,6 +518,98 @@ class Node:
             "settings": settings,
             "incarnations": incarnations,
         }
+
+    # ---- topics (on the metadata owner of the topic's name) ---------------------------
+    async def create_topic(self, topic: str) -> None:
+        if topic in self.state.topics:
+            raise TopicExists(f"topic {topic!r} already exists")
+        await self.execute(Meta((CreateTopic(topic, time.time()),), self.config.limits.max_queues))
+
+    async def drop_topic(self, topic: str) -> None:
+        """Deletes a topic and its subscriptions; the subscribed queues and the copies
+        they hold stay (they are ordinary queues)."""
+        if topic not in self.state.topics:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        await self.execute(Meta((DropTopic(topic),)))
+
+    def topic(self, topic: str) -> dict[str, Any]:
+        meta = self.state.topics.get(topic)
+        if meta is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        return {
+            "topic": topic,
+            "created_at": meta.created_at,
+            "subscriptions": list(meta.subscriptions),
+        }
+
+    def owned_topics(self) -> list[str]:
+        return list(self.state.topics)
+
+    async def subscribe(
+        self, topic: str, queue: str, settings: QueueSettings | None
+    ) -> tuple[bool, bool]:
+        """Subscribes `queue` to `topic`, creating the queue (with `settings`) if it does
+        not exist. Returns (whether the subscription is new, whether the queue is). Once
+        this returns, every publish reads the subscription: a publish reads the topic
+        through a commit of its own (`publish_targets`)."""
+        if topic not in self.state.topics:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        created = False
+        try:
+            await self.metadata_via_owner(queue)
+        except QueueNotFound:
+            wire = (settings or QueueSettings()).to_wire()
+
+            async def local() -> None:
+                await self.create_queue(queue, settings)
+
+            try:
+                await self._on_owner(
+                    queue, local, "PUT", f"/v1/queues/{queue}", wire, lambda _: None
+                )
+                created = True
+            except QueueExists:  # created meanwhile: subscribe it as it is
+                pass
+        [added] = await self.execute(Meta((Subscribe(topic, queue),)))
+        return bool(added), created
+
+    async def unsubscribe(self, topic: str, queue: str) -> tuple[int, list[str]]:
+        """Ends the subscription of `queue` to `topic` and purges the queue's messages
+        (its pending copies) on every node; the queue stays. Returns how many messages
+        were purged and the nodes that did not answer (they keep theirs)."""
+        await self.execute(Meta((Unsubscribe(topic, queue),)))
+        ids = self.config.node_ids
+
+        async def purge_on(node_id: str) -> int:
+            if node_id == self.id:
+                return await self.purge_local(queue)
+            reply = await self.peer_call(node_id, "POST", f"/v1/internal/queues/{queue}/purge")
+            return int(reply.json().get("purged", 0))
+
+        results = await asyncio.gather(*(purge_on(n) for n in ids), return_exceptions=True)
+        unavailable = [n for n, r in zip(ids, results, strict=True) if isinstance(r, Exception)]
+        return sum(r for r in results if isinstance(r, int)), unavailable
+
+    async def publish_targets(self, topic: str) -> list[str]:
+        """The subscriptions of `topic` as of now. With replication the leader reads them
+        after a commit of its own in its term (an empty Meta), so it has applied every
+        subscribe that returned before, even just after it took over."""
+        if self.member is not None:
+            await self.execute(Meta(()))
+        meta = self.state.topics.get(topic)
+        if meta is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        return list(meta.subscriptions)
+
+    async def list_topics(self) -> list[str]:
+        async def owned_by(node_id: str) -> list[str]:
+            if node_id == self.id:
+                return self.owned_topics()
+            reply = await self.peer_call(node_id, "GET", "/v1/internal/owned-topics")
+            return list(reply.json()["topics"])
+
+        results = await asyncio.gather(*(owned_by(n) for n in self.config.node_ids))
+        return sorted(t for ts in results for t in ts)
 
     # ---- long polling (metadata owner side) ------------------------------------------
     def node_ready(self, queue: str, node_id: str) -> None:

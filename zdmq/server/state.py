@@ -21,7 +21,8 @@ reads their rows by sequence number. A state built without storage keeps its row
 the process (`MemoryRows`). So a node
 holds about 100 bytes a ready message in memory, whatever its size.
 As the metadata owner of a queue (the primary of partition(queue name)) it also holds
-the queue's *metadata list* (`QueueMeta.nodes`) and settings.
+the queue's *metadata list* (`QueueMeta.nodes`) and settings; as the metadata owner of
+a topic's name, the topic and its subscriptions (`TopicMeta`).
 
 A message's life:
     Push -> ready -> Lease -> leased -> Remove (ack)
@@ -51,8 +52,10 @@ from zdmq.models import QueueSettings
 __all__ = [
     "TOMBSTONES_KEPT",
     "CreateQueue",
+    "CreateTopic",
     "DeadLetter",
     "DropQueue",
+    "DropTopic",
     "Extend",
     "ForgetDedup",
     "Lease",
@@ -71,8 +74,11 @@ __all__ = [
     "Row",
     "Rows",
     "StoredMessage",
+    "Subscribe",
     "Taken",
+    "TopicMeta",
     "Unregister",
+    "Unsubscribe",
     "id_key",
 ]
 
@@ -109,6 +115,32 @@ class Register(NamedTuple):
 class Unregister(NamedTuple):
     queue: str
     node: str
+
+
+class CreateTopic(NamedTuple):
+    """Creates a topic (on the metadata owner of its name; topics and queues are separate
+    namespaces, so a topic may share its name with a queue)."""
+
+    topic: str
+    created_at: float
+
+
+class DropTopic(NamedTuple):
+    """Removes a topic and its subscriptions (the subscribed queues stay)."""
+
+    topic: str
+
+
+class Subscribe(NamedTuple):
+    """Adds `queue` to the subscriptions of `topic`: a publish stores a copy there."""
+
+    topic: str
+    queue: str
+
+
+class Unsubscribe(NamedTuple):
+    topic: str
+    queue: str
 
 
 class Push(NamedTuple):
@@ -195,6 +227,10 @@ Op = (
     | DropQueue
     | Register
     | Unregister
+    | CreateTopic
+    | DropTopic
+    | Subscribe
+    | Unsubscribe
     | Push
     | Remove
     | Purge
@@ -407,6 +443,18 @@ class QueueMeta:
         self.nodes: dict[str, str] = {}
 
 
+class TopicMeta:
+    """A topic, kept by the metadata owner of its name: its subscriptions (queue names)
+    in the order they were made."""
+
+    __slots__ = ("created_at", "name", "subscriptions")
+
+    def __init__(self, name: str, created_at: float) -> None:
+        self.name = name
+        self.created_at = created_at
+        self.subscriptions: dict[str, None] = {}
+
+
 class MessageView(NamedTuple):
     """Everything about one stored message, for tests and diagnostics (`NodeState.find`)."""
 
@@ -443,6 +491,8 @@ class NodeState:
         # Ready messages: id key -> queue (their order is in each queue's ReadyQueue).
         self.ready_ids: dict[int | str, str] = {}
         self.meta: dict[str, QueueMeta] = {}
+        # Topics whose name this node is the metadata owner of (a namespace of their own).
+        self.topics: dict[str, TopicMeta] = {}
         # Deleted queues (on their metadata owner): name -> (incarnation, deleted_at), oldest
         # first, at most TOMBSTONES_KEPT. Only a queue named here is purged by a sweep.
         self.tombstones: dict[str, tuple[str, float]] = {}
@@ -592,6 +642,20 @@ class NodeState:
     def _apply_drop(self, op: DropQueue) -> None:
         self.meta.pop(op.queue, None)
         self.restore_tombstone(op.queue, op.incarnation, op.deleted_at)
+
+    def _apply_create_topic(self, op: CreateTopic) -> None:
+        self.topics[op.topic] = TopicMeta(op.topic, op.created_at)
+
+    def _apply_drop_topic(self, op: DropTopic) -> None:
+        self.topics.pop(op.topic, None)
+
+    def _apply_subscribe(self, op: Subscribe) -> None:
+        self.topics[op.topic].subscriptions[op.queue] = None
+
+    def _apply_unsubscribe(self, op: Unsubscribe) -> None:
+        topic = self.topics.get(op.topic)
+        if topic is not None:
+            topic.subscriptions.pop(op.queue, None)
 
     def restore_tombstone(self, queue: str, incarnation: str, deleted_at: float) -> None:
         """Records that `queue` was deleted, dropping the oldest tombstone past the bound."""
@@ -1202,4 +1266,8 @@ _APPLIERS: dict[type, Callable[[NodeState, Any], None]] = {
     Unregister: NodeState._apply_unregister,
     CreateQueue: NodeState._apply_create,
     DropQueue: NodeState._apply_drop,
+    CreateTopic: NodeState._apply_create_topic,
+    DropTopic: NodeState._apply_drop_topic,
+    Subscribe: NodeState._apply_subscribe,
+    Unsubscribe: NodeState._apply_unsubscribe,
 }

@@ -45,8 +45,10 @@ from zdmq.models import QueueSettings
 from zdmq.server.state import (
     TOMBSTONES_KEPT,
     CreateQueue,
+    CreateTopic,
     DeadLetter,
     DropQueue,
+    DropTopic,
     Extend,
     ForgetDedup,
     Lease,
@@ -58,7 +60,9 @@ from zdmq.server.state import (
     Remove,
     Requeue,
     Row,
+    Subscribe,
     Unregister,
+    Unsubscribe,
 )
 
 __all__ = ["MemoryStorage", "SqliteStorage", "Storage", "open_storage"]
@@ -109,6 +113,18 @@ CREATE TABLE IF NOT EXISTS machine (
     key TEXT PRIMARY KEY,
     value REAL NOT NULL
 ) WITHOUT ROWID;
+-- Topics (on the metadata owner of their name) and their subscriptions, in the order
+-- they were made (id).
+CREATE TABLE IF NOT EXISTS topics (
+    name TEXT PRIMARY KEY,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    id INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    UNIQUE (topic, queue)
+);
 CREATE TABLE IF NOT EXISTS registrations (
     queue TEXT NOT NULL,
     node TEXT NOT NULL,
@@ -310,6 +326,11 @@ class SqliteStorage(Storage):
         ):
             if queue in state.meta:
                 state.apply(Register(queue, node, first_uuid))
+        for name, created_at in conn.execute("SELECT name, created_at FROM topics"):
+            state.apply(CreateTopic(name, created_at))
+        for topic, queue in conn.execute("SELECT topic, queue FROM subscriptions ORDER BY id"):
+            if topic in state.topics:
+                state.apply(Subscribe(topic, queue))
         now = self.clock if self._replica else time.time()
         refs = self._bodies.refs
         for row in conn.execute(
@@ -861,6 +882,32 @@ def _w_drop(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
     )
 
 
+def _w_create_topic(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany(
+        "INSERT OR REPLACE INTO topics (name, created_at) VALUES (?, ?)",
+        [(op.topic, op.created_at) for op in ops],
+    )
+
+
+def _w_drop_topic(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany("DELETE FROM subscriptions WHERE topic = ?", [(op.topic,) for op in ops])
+    conn.executemany("DELETE FROM topics WHERE name = ?", [(op.topic,) for op in ops])
+
+
+def _w_subscribe(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany(
+        "INSERT OR IGNORE INTO subscriptions (topic, queue) VALUES (?, ?)",
+        [(op.topic, op.queue) for op in ops],
+    )
+
+
+def _w_unsubscribe(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany(
+        "DELETE FROM subscriptions WHERE topic = ? AND queue = ?",
+        [(op.topic, op.queue) for op in ops],
+    )
+
+
 # Ops after which a cached row (SqliteStorage._recent) is stale or gone.
 _CHANGES_ROWS = frozenset({Lease, Remove, Requeue, DeadLetter, Purge})
 
@@ -877,6 +924,10 @@ _WRITERS: dict[type, _Writer] = {
     Requeue: _w_requeue,
     DeadLetter: _w_dead_letter,
     ForgetDedup: _w_forget_dedup,
+    CreateTopic: _w_create_topic,
+    DropTopic: _w_drop_topic,
+    Subscribe: _w_subscribe,
+    Unsubscribe: _w_unsubscribe,
 }
 
 
