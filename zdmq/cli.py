@@ -535,7 +535,35 @@ async def _demo_run(config: ClusterConfig, n: int, concurrency: int) -> int:
     )
     ok = lost == 0 and dup == 0 and wrong == 0
     print(f"demo: lost={lost} duplicates={dup} corrupted={wrong} -> {'OK' if ok else 'FAILED'}")
+    ok = await _demo_topic(config, queue) and ok
     return 0 if ok else 1
+
+
+async def _demo_topic(config: ClusterConfig, name: str, n: int = 100) -> bool:
+    """A topic with two subscriptions: `n` published messages reach each once."""
+    topic, subs = f"{name}-events", [f"{name}-audit", f"{name}-mail"]
+    async with Client(config=config) as c:
+        await c.create_topic(topic)
+        for q in subs:
+            await c.subscribe(topic, q)
+        bodies = [json.dumps({"event": i}).encode() for i in range(n)]
+        published = await c.publish_many(topic, bodies)
+        got: dict[str, Counter[bytes]] = {}
+        for q in subs:
+            got[q] = Counter()
+            while batch := await c.pop_many(q, 100):
+                got[q].update(m.body for m in batch)
+        await c.delete_topic(topic)
+        for q in subs:
+            await c.delete_queue(q)
+    want = Counter(bodies)
+    ok = published.count == len(subs) and all(g == want for g in got.values())
+    each = ", ".join(f"{q} {sum(g.values())}" for q, g in got.items())
+    print(
+        f"demo: topic {topic} fanned {n} published messages out to {published.count} "
+        f"subscriptions, each got every one once ({each}) -> {'OK' if ok else 'FAILED'}"
+    )
+    return ok
 
 
 if __name__ == "__main__":

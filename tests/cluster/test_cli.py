@@ -64,6 +64,8 @@ def test_demo_on_a_running_cluster_pushes_and_pops_every_message_once(
     assert r.returncode == 0, r.stdout + r.stderr
     assert "using the running cluster" in r.stdout
     assert "lost=0 duplicates=0 corrupted=0 -> OK" in r.stdout
+    assert "out to 2 subscriptions, each got every one once" in r.stdout
+    assert "FAILED" not in r.stdout
     # It reports where the messages lived, one line per node.
     for node_id in cluster4.config.node_ids:
         assert f"  {node_id} " in r.stdout
