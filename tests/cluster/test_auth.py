@@ -8,6 +8,7 @@ client tokens.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -371,3 +372,58 @@ def test_the_cli_takes_a_token_as_an_option_or_from_the_environment(tokens: Loca
     assert forbidden.returncode == 1 and "forbidden" in forbidden.stderr
     popped = zdmq("pop", q, env={"ZDMQ_TOKEN": READER})
     assert popped.returncode == 0 and popped.stdout.strip() == "hello", popped.stderr
+
+
+async def test_topic_routes_need_rights_on_the_topic_and_on_every_queue_they_reach(
+    tokens: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    topic, other_topic = unique("orders-t"), unique("billing-t")
+    mine, theirs = unique("orders-q"), unique("billing-q")
+    url = tokens.urls[0]
+
+    async def status(method: str, path: str, token: str, body: Any = None) -> int:
+        data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {token}"}
+        async with http.request(method, url + path, headers=headers, data=data) as r:
+            if r.status == 403:
+                assert _is_error(await r.json(), "forbidden")
+            return r.status
+
+    # Creating and subscribing are admin's, on the topic and on the queue.
+    assert await status("PUT", f"/v1/topics/{topic}", ORDERS) == 403
+    assert await status("PUT", f"/v1/topics/{topic}", ADMIN) == 201
+    assert await status("PUT", f"/v1/topics/{other_topic}", ADMIN) == 201
+    sub = f"/v1/topics/{topic}/subscriptions"
+    assert await status("POST", sub, ORDERS, {"queue": mine}) == 403
+    assert await status("POST", sub, ADMIN, {"queue": mine}) == 201
+    assert (
+        await status("POST", f"/v1/topics/{other_topic}/subscriptions", ADMIN, {"queue": theirs})
+        == 201
+    )
+    # Publishing is write on the topic's name; reading it, read.
+    assert await status("POST", f"/v1/topics/{topic}/messages", READER, b"m") == 403
+    assert await status("POST", f"/v1/topics/{topic}/messages", ORDERS, b"m") == 201
+    assert await status("POST", f"/v1/topics/{other_topic}/messages", ORDERS, b"m") == 403
+    assert await status("GET", f"/v1/topics/{topic}", READER) == 200
+    assert await status("GET", f"/v1/topics/{other_topic}", READER) == 403
+    async with http.get(url + "/v1/topics", headers={"Authorization": f"Bearer {READER}"}) as r:
+        listed = (await r.json())["topics"]
+    assert topic in listed and other_topic not in listed
+    # A broadcast needs write on every queue it names; refused, it stores nothing.
+    both = {"queues": [mine, theirs], "body": "b"}
+    assert await status("POST", "/v1/broadcast", ORDERS, both) == 403
+    assert await status("POST", "/v1/broadcast", ORDERS, {"queues": [mine], "body": "b"}) == 201
+    async with http.get(
+        url + f"/v1/queues/{theirs}", headers={"Authorization": f"Bearer {ADMIN}"}
+    ) as r:
+        assert (await r.json())["messages"] == 0  # the refused broadcast stored nothing
+    async with http.get(
+        url + f"/v1/queues/{mine}", headers={"Authorization": f"Bearer {ADMIN}"}
+    ) as r:
+        assert (await r.json())["messages"] == 2  # the publish's copy and the broadcast's
+    # Unsubscribing and deleting are admin's.
+    assert await status("DELETE", f"{sub}/{mine}", ORDERS) == 403
+    assert await status("DELETE", f"{sub}/{mine}", ADMIN) == 200
+    assert await status("DELETE", f"/v1/topics/{topic}", ORDERS) == 403
+    for t in (topic, other_topic):
+        assert await status("DELETE", f"/v1/topics/{t}", ADMIN) == 204
