@@ -902,7 +902,11 @@ class RaftHost:
                         self._enqueue(gid, m)
                     else:
                         late.append((gid, m))
-            self._flush_peers()
+            if self._flush_peers():
+                # One turn of the loop: the send loops write their payloads to the peers'
+                # sockets before this round's write starts, so the followers' writes
+                # (what a commit waits for) start as early as they can.
+                await asyncio.sleep(0)
             # 2. Entries handed out to apply are committed and were persisted in an
             # earlier round: applied now, so a proposal's caller hears while we write.
             for gid, _, rd in work:
@@ -1261,10 +1265,15 @@ class RaftHost:
         peer.queue.append(packed)
         peer.queued_bytes += len(packed)
 
-    def _flush_peers(self) -> None:
+    def _flush_peers(self) -> bool:
+        """Starts a send loop for each peer with messages queued and none running;
+        returns whether it started any."""
+        started = False
         for pid, peer in self._peers.items():
             if peer.queue and peer.task is None:
                 peer.task = asyncio.create_task(self._send_loop(pid, peer))
+                started = True
+        return started
 
     async def _send_loop(self, pid: str, peer: _Peer) -> None:
         """Sends a peer's queue, one payload at a time, until it is empty."""
