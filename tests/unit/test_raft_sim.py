@@ -175,6 +175,7 @@ def test_the_command_line_reports_each_seed(capsys: pytest.CaptureFixture[str]) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("nodes", [3, 5])
 def test_two_thousand_seeds_with_lost_disks(nodes: int) -> None:
     losses = 0
@@ -184,6 +185,7 @@ def test_two_thousand_seeds_with_lost_disks(nodes: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 8,000 runs of 1,500 steps: about 10 minutes on a quiet core
 @pytest.mark.parametrize("nodes", [3, 5])
 def test_a_long_soak_of_many_seeds_and_steps(nodes: int) -> None:
     # With the 2,000 seeds a size above: 20,000 seeded runs in the slow suite.
