@@ -81,7 +81,7 @@ def test_the_page_shows_nodes_queues_and_rates_live_and_a_killed_node_turns_red(
         '.node[data-node="n3"]', "e => getComputedStyle(e).borderLeftColor"
     )
     assert color == "rgb(214, 69, 69)", color
-    assert page.locator('.node.down').count() == 1
+    assert page.locator(".node.down").count() == 1
     page.screenshot(path=str(tmp_path / "status-down.png"), full_page=True)
     assert (tmp_path / "status.png").stat().st_size > 10_000
 
@@ -90,7 +90,9 @@ def test_with_client_tokens_the_page_asks_for_one_and_then_shows_the_cluster(
     make_cluster: Any, browser_page: Any, tmp_path: Path
 ) -> None:
     cluster = make_cluster(
-        nodes=2, partitions=64, auth={"client_tokens": [{"token": TOKEN, "rights": {"": ["admin"]}}]}
+        nodes=2,
+        partitions=64,
+        auth={"client_tokens": [{"token": TOKEN, "rights": {"": ["admin"]}}]},
     )
     page = browser_page
     queue = unique("auth")
