@@ -27,8 +27,10 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from zdmq import _http
 from zdmq.auth import TOKEN_ENV
@@ -409,6 +411,12 @@ class _Progress:
         return now - self.started
 
 
+def _console() -> Console:
+    """Standard output for rich: as wide as the terminal, or 120 columns, plain, when it
+    is not one."""
+    return Console() if sys.stdout.isatty() else Console(width=120, color_system=None)
+
+
 async def _bounded(n: int, concurrency: int, job: Callable[[int], Awaitable[T]]) -> list[T]:
     """Runs job(0..n-1) with at most `concurrency` in flight; results in order."""
     results: list[Any] = [None] * n
@@ -508,10 +516,16 @@ async def _demo_run(config: ClusterConfig, n: int, concurrency: int) -> int:
         expected = dict(zip(ids, bodies, strict=True))
 
         stats = await c.stats(queue)
-        print(f"demo: {stats.messages} messages stored; where they live:")
+        print(f"demo: {stats.messages} messages stored; where they live:", flush=True)
+        table = Table(box=box.SIMPLE, show_header=True, pad_edge=True)
+        table.add_column("node")
+        table.add_column("messages", justify="right")
+        table.add_column("share", min_width=40)
+        table.add_column("%", justify="right")
         for node_id in c.nodes:
             d = stats.depth.get(node_id, 0)
-            print(f"  {node_id:<6} {d:>6} {'#' * round(40 * d / max(n, 1))} {100 * d / n:.1f}%")
+            table.add_row(node_id, str(d), "█" * round(40 * d / max(n, 1)), f"{100 * d / n:.1f}")
+        _console().print(table)
 
         bar = _Progress("pop", n)
         seen: Counter[str] = Counter()

@@ -57,6 +57,9 @@ def test_the_page_shows_nodes_queues_and_rates_live_and_a_killed_node_turns_red(
     assert nodes.count() == 4
     # Each node shows its replica groups, one of which it leads.
     page.wait_for_selector('.node[data-node="n1"] tr[data-group="n1"] .role-leader')
+    # ... and, as its leader, how far behind each of its followers is.
+    lag = page.inner_text('.node[data-node="n1"] tr[data-lag="n1"]')
+    assert lag.strip().startswith("follower lag: n2 ") and ", n3 " in lag, lag
     # The queue, with its depth on each node: the bars add up to what was pushed.
     _within(5, "the queue's depth shows", lambda: _shown(page, queue) == 200)
     bars = page.locator(f'tr[data-queue="{queue}"] .bar')

@@ -50,22 +50,27 @@ function renderNodes(nodes) {
     if (n.up) {
       const r = n.rate || {};
       card.append(el("div", {class: "facts"},
-        `up ${duration(n.uptime_s)} · ${fmt(n.messages || 0)} messages · ` +
-        `push ${fmt(r.push || 0)}/s · pop ${fmt((r.pop || 0) + (r.receive || 0))}/s`));
+        `up ${duration(n.uptime_s)} · ${fmt(n.messages || 0)} messages stored`));
+      card.append(el("div", {class: "facts"},
+        `push ${fmt(r.push || 0)}/s · pop+receive ${fmt((r.pop || 0) + (r.receive || 0))}/s · ` +
+        `ack ${fmt(r.ack || 0)}/s`));
       const groups = Object.entries(n.groups || {});
       if (groups.length) {
-        const rows = groups.map(([g, s]) => {
-          const lag = Object.entries(s.lag || {});
-          const lagText = lag.length ? lag.map(([p, v]) => `${p} ${v}`).join(", ") : "";
-          const high = lag.some(([, v]) => v > 1000);
-          return el("tr", {"data-group": g},
+        const rows = groups.flatMap(([g, s]) => {
+          const row = el("tr", {"data-group": g},
             el("td", {}, g), el("td", {class: `role-${s.role}`}, s.role),
             el("td", {}, s.leader || "?"), el("td", {}, s.term),
-            el("td", {}, `${s.commit ?? ""}/${s.applied ?? ""}`),
-            el("td", {class: high ? "lag-high" : ""}, lagText));
+            el("td", {}, `${s.commit ?? ""}/${s.applied ?? ""}`));
+          const lag = Object.entries(s.lag || {});
+          if (!lag.length) return [row];
+          // The leader's view of its followers: log entries each is behind.
+          const high = lag.some(([, v]) => v > 1000);
+          return [row, el("tr", {class: "lag", "data-lag": g},
+            el("td", {}), el("td", {colspan: "4", class: high ? "lag-high" : ""},
+              `follower lag: ${lag.map(([p, v]) => `${p} ${fmt(v)}`).join(", ")}`))];
         });
         card.append(el("table", {},
-          el("tr", {}, ...["group", "role", "leader", "term", "commit/applied", "lag"]
+          el("tr", {}, ...["group", "role", "leader", "term", "commit/applied"]
             .map((h) => el("th", {}, h))),
           ...rows));
       }
