@@ -42,18 +42,18 @@ def test_rates_are_per_second_differences_keyed_by_the_whole_second() -> None:
     assert sampler.rates()["t"] == [1007, 1008, 1009]
 
 
-def test_a_late_sample_is_a_rate_over_the_time_that_passed() -> None:
+def test_a_missed_second_spreads_the_count_over_the_seconds_it_spans() -> None:
     n = _Counted()
     sampler = st.RateSampler(lambda: [n])
-    sampler.sample(2000.0)
+    sampler.sample(2000.01)
     n.counters["received"] += 30
-    sampler.sample(2002.0)  # a second was missed (a busy loop)
+    sampler.sample(2002.02)  # a second was missed (a busy loop)
     assert sampler.rates() == {
-        "t": [2002],
-        "push": [0.0],
-        "pop": [0.0],
-        "receive": [15.0],
-        "ack": [0.0],
+        "t": [2001, 2002],
+        "push": [0.0, 0.0],
+        "pop": [0.0, 0.0],
+        "receive": [15.0, 15.0],
+        "ack": [0.0, 0.0],
     }
 
 

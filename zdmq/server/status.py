@@ -9,9 +9,10 @@ each copy is counted once), at most `QUEUES_PER_NODE` of the deepest; and its me
 rates.
 
 Rates: `RateSampler` reads the node's counters (pushed, popped, received, acked, summed
-over its groups) once a second into a ring buffer of `RATE_SECONDS` samples and turns
-consecutive samples into per-second rates, each keyed by the whole second (Unix time) it
-was taken at, so that rates of different nodes add up second by second.
+over its groups) just after each whole second into a ring buffer of `RATE_SECONDS` samples;
+what a counter moved between two samples is its rate in that second, keyed by the whole
+second (Unix time) the later sample was taken in, so that rates of different nodes add up
+second by second, and the rates add up to the counts.
 
 `cluster_status` is what any node serves at `GET /v1/status`: every node of cluster.yaml
 asked for its view at once, each with a `NODE_TIMEOUT_S` timeout (a node that does not
@@ -64,7 +65,7 @@ class RateSampler:
 
     def __init__(self, nodes: Callable[[], Iterable[Node]], seconds: int = RATE_SECONDS) -> None:
         self._nodes = nodes
-        # (whole second, time taken, totals in SERIES order)
+        # (the whole second it was taken in, the time, totals in SERIES order)
         self._samples: deque[tuple[int, float, tuple[int, ...]]] = deque(maxlen=seconds + 1)
 
     def totals(self) -> tuple[int, ...]:
@@ -76,21 +77,27 @@ class RateSampler:
         return tuple(sums)
 
     def sample(self, now: float) -> None:
-        second = round(now)
+        second = math.floor(now)
         if self._samples and self._samples[-1][0] >= second:
             return
         self._samples.append((second, now, self.totals()))
 
     def rates(self) -> dict[str, Any]:
-        """{"t": [whole seconds], "push": [per-second rate at each], "pop": ..., ...}."""
+        """{"t": [whole seconds], "push": [the rate in the second before each], ...}.
+
+        Each rate is what a counter moved between two samples: a sample is taken just
+        after each whole second, so that is one second's count. Should the loop miss a
+        second, the count is spread evenly over the seconds between the two samples, so
+        that the rates still add up to the counts."""
         out: dict[str, list[Any]] = {"t": [], **{name: [] for name in SERIES}}
-        samples = list(self._samples)
-        for (_, t0, before), (second, t1, after) in itertools.pairwise(samples):
-            span = max(t1 - t0, 1e-3)
-            out["t"].append(second)
-            for name, a, b in zip(SERIES, before, after, strict=True):
-                # A counter that went back (a group's state reloaded) is no negative rate.
-                out[name].append(round(max(b - a, 0) / span, 2))
+        for (s0, _, before), (s1, _, after) in itertools.pairwise(self._samples):
+            span = s1 - s0
+            # A counter that went back (a group's state reloaded) is no negative rate.
+            moved = [max(b - a, 0) / span for a, b in zip(before, after, strict=True)]
+            for second in range(s1 - span + 1, s1 + 1):
+                out["t"].append(second)
+                for name, rate in zip(SERIES, moved, strict=True):
+                    out[name].append(round(rate, 2))
         return out
 
     async def run(self) -> None:
