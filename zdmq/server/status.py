@@ -109,17 +109,16 @@ class RateSampler:
 
 def _queues_of(nodes: Iterable[Node]) -> tuple[list[dict[str, Any]], int]:
     """The deepest queues the given nodes (groups) store messages of, and how many
-    (queue, group) pairs they hold in all."""
+    (queue, group) pairs hold messages in all."""
     rows: list[tuple[int, str, str]] = []
     by_id: dict[str, Node] = {}
     for node in nodes:
         by_id[node.id] = node
-        rows.extend((lq.holds(), q, node.id) for q, lq in node.state.queues.items())
-    deepest = heapq.nlargest(QUEUES_PER_NODE, rows)
+        rows.extend(
+            (depth, q, node.id) for q, lq in node.state.queues.items() if (depth := lq.holds())
+        )
     out = []
-    for depth, queue, group in deepest:
-        if depth == 0:
-            continue
+    for depth, queue, group in heapq.nlargest(QUEUES_PER_NODE, rows):
         counts = by_id[group].state.counts(queue)
         out.append(
             {
