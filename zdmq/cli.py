@@ -2,7 +2,7 @@
 
 zdmq up      start every node of cluster.yaml on this host; Ctrl-C stops them
 zdmq node    run one node (for a real multi-host deployment)
-zdmq status  health of every node
+zdmq status  the cluster's status: nodes, replica groups, queues, rates (--watch, --json)
 zdmq queue   create | delete | list | stats
 zdmq push    push a message (argument, file or stdin)
 zdmq pop     pop messages and print them
@@ -26,6 +26,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
+
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from zdmq import _http
 from zdmq.auth import TOKEN_ENV
@@ -65,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("node", help="run one node")
     p.add_argument("--node", required=True, help="the node id in the cluster file")
     p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
-    sub.add_parser("status", help="health of every node")
+    p = sub.add_parser("status", help="nodes, replica groups, queues and rates")
+    p.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="print GET /v1/status's JSON")
 
     p = sub.add_parser("queue", help="create, delete, list or inspect queues")
     qsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -258,17 +265,10 @@ async def _healths(config: ClusterConfig, timeout_s: float) -> list[dict[str, An
 
 
 async def _status(config: ClusterConfig, args: argparse.Namespace) -> int:
-    down = 0
-    for n, h in zip(config.nodes, await _healths(config, 3.0), strict=True):
-        if isinstance(h, ZdmqError):
-            down += 1
-            print(f"{n.id:<8} {n.url:<26} DOWN  {h.code}")
-        else:
-            print(
-                f"{n.id:<8} {n.url:<26} {h['status'].upper():<5} "
-                f"messages={h['messages']} queues_owned={h['queues_owned']}"
-            )
-    return 1 if down else 0
+    from zdmq.cli_status import status_command
+
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    return await status_command(config, token, as_json=args.json, watch=args.watch)
 
 
 async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
@@ -369,22 +369,31 @@ _COMMANDS: dict[str, Callable[[ClusterConfig, argparse.Namespace], Coroutine[Any
 
 # ---- demo ---------------------------------------------------------------------------------
 class _Progress:
-    """A one-line progress bar on stderr (a final line only when it is not a terminal)."""
+    """A progress bar on stderr (rich's, live on a terminal); when it is not a terminal,
+    only a final line."""
 
     def __init__(self, label: str, total: int, out: TextIO = sys.stderr) -> None:
         self.label, self.total, self.out = label, total, out
         self.done = 0
         self.started = time.perf_counter()
-        self._last = 0.0
-        self._tty = out.isatty()
+        self._bar: Progress | None = None
+        if out.isatty():
+            self._bar = Progress(
+                TextColumn(f"{label:<6}"),
+                BarColumn(bar_width=30),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]:>10} msg/s"),
+                TimeElapsedColumn(),
+                console=Console(file=out),
+            )
+            self._task = self._bar.add_task(label, total=total, rate="")
+            self._bar.start()
 
     def advance(self, n: int = 1) -> None:
         self.done += n
-        now = time.perf_counter()
-        if self._tty and (now - self._last > 0.1 or self.done >= self.total):
-            self._last = now
-            self.out.write("\r" + self._line(now))
-            self.out.flush()
+        if self._bar is not None:
+            rate = self.done / max(time.perf_counter() - self.started, 1e-9)
+            self._bar.update(self._task, advance=n, rate=f"{rate:,.0f}")
 
     def _line(self, now: float) -> str:
         frac = self.done / self.total if self.total else 1.0
@@ -394,9 +403,18 @@ class _Progress:
 
     def finish(self) -> float:
         now = time.perf_counter()
-        self.out.write(("\r" if self._tty else "") + self._line(now) + "\n")
-        self.out.flush()
+        if self._bar is not None:
+            self._bar.stop()
+        else:
+            self.out.write(self._line(now) + "\n")
+            self.out.flush()
         return now - self.started
+
+
+def _console() -> Console:
+    """Standard output for rich: as wide as the terminal, or 120 columns, plain, when it
+    is not one."""
+    return Console() if sys.stdout.isatty() else Console(width=120, color_system=None)
 
 
 async def _bounded(n: int, concurrency: int, job: Callable[[int], Awaitable[T]]) -> list[T]:
@@ -498,10 +516,16 @@ async def _demo_run(config: ClusterConfig, n: int, concurrency: int) -> int:
         expected = dict(zip(ids, bodies, strict=True))
 
         stats = await c.stats(queue)
-        print(f"demo: {stats.messages} messages stored; where they live:")
+        print(f"demo: {stats.messages} messages stored; where they live:", flush=True)
+        table = Table(box=box.SIMPLE, show_header=True, pad_edge=True)
+        table.add_column("node")
+        table.add_column("messages", justify="right")
+        table.add_column("share", min_width=40)
+        table.add_column("%", justify="right")
         for node_id in c.nodes:
             d = stats.depth.get(node_id, 0)
-            print(f"  {node_id:<6} {d:>6} {'#' * round(40 * d / max(n, 1))} {100 * d / n:.1f}%")
+            table.add_row(node_id, str(d), "█" * round(40 * d / max(n, 1)), f"{100 * d / n:.1f}")
+        _console().print(table)
 
         bar = _Progress("pop", n)
         seen: Counter[str] = Counter()

@@ -62,7 +62,7 @@ def _internal(routes: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _open(path: str) -> bool:
-    return path in ("/v1/health", "/v1/openapi.yaml")
+    return path in ("/v1/health", "/v1/openapi.yaml", "/") or path.startswith("/ui/")
 
 
 @pytest.fixture(scope="module")
@@ -257,7 +257,7 @@ def test_a_node_off_loopback_refuses_to_start_without_a_secret_or_client_tokens(
 
 
 # ---- client tokens -------------------------------------------------------------------------
-async def test_every_route_but_health_and_openapi_is_401_without_a_valid_token(
+async def test_every_route_but_health_openapi_and_the_status_page_is_401_without_a_valid_token(
     tokens: LocalCluster, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     public = [(m, p) for m, p in app_routes(tmp_path) if not p.startswith("/v1/internal/")]

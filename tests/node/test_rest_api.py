@@ -554,7 +554,8 @@ async def test_push_and_pop_on_a_deleted_queue_return_404(
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("GET", "/"),
+        ("GET", "/index.html"),
+        ("GET", "/ui/other.js"),
         ("GET", "/v2/health"),
         ("GET", "/v1/nope"),
         ("POST", "/v1/queues/jobs/nope"),

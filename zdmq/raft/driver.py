@@ -838,6 +838,14 @@ class RaftHost:
     def last_index(self, group: str) -> int:
         return self._core(group).log.last_index()
 
+    def followers(self, group: str) -> dict[str, int]:
+        """The leader's view of each follower of `group`: the index up to which the
+        follower's log is known to match its own (empty unless this member leads)."""
+        core = self._core(group)
+        if core.role is not Role.LEADER:
+            return {}
+        return {p: pr.match for p, pr in core.progress.items() if p != self.node_id}
+
     def on_probation(self, group: str) -> frozenset[str]:
         """The members of `group` whose votes and acknowledgements this node does not
         count: their store was replaced and has not caught up (zdmq/raft/identity.py)."""

@@ -69,6 +69,7 @@ from zdmq.models import (
 )
 from zdmq.raft.driver import RAFT_CONTENT_TYPE, RAFT_PATH
 from zdmq.routing import GROUP_HEADER
+from zdmq.server import status as cluster_status
 from zdmq.server.http import App, Request, Response, json_response
 from zdmq.server.node import (
     FORWARDED_HEADER,
@@ -77,6 +78,7 @@ from zdmq.server.node import (
     Delivery,
     Node,
     PushItem,
+    node_pool,
 )
 from zdmq.server.replicas import (
     SNAPSHOT_INDEX_HEADER,
@@ -983,6 +985,44 @@ async def broadcast(request: Request) -> Response:
     return _fanned_out(await _fan_out(node, "", queues, [copy]))
 
 
+# ---- the cluster status and its page --------------------------------------------------------
+SAMPLER = "rate_sampler"
+STATUS_POOL = "status_pool"
+# The status page's files (zdmq/server/ui/), by the path each is served at.
+PAGE_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/ui/status.css": ("status.css", "text/css; charset=utf-8"),
+    "/ui/status.js": ("status.js", "text/javascript; charset=utf-8"),
+}
+
+
+def _own_status(request: Request) -> dict[str, Any]:
+    return cluster_status.local_status(
+        request.app[NODE].id, request.app[NODE], request.app[MEMBER], request.app[SAMPLER]
+    )
+
+
+async def status(request: Request) -> Response:
+    """The whole cluster's status, as this node gathers it (zdmq/server/status.py)."""
+    config = request.app[CONFIG]
+    payload = await cluster_status.cluster_status(
+        config, request.app[NODE].id, lambda: _own_status(request), request.app[STATUS_POOL]
+    )
+    return _json(payload)
+
+
+async def internal_status(request: Request) -> Response:
+    """This node's own part of the cluster status."""
+    return _json(_own_status(request))
+
+
+async def status_page(request: Request) -> Response:
+    """The status page and its files: static, shipped in the package."""
+    name, ctype = PAGE_FILES[request.path]
+    body = resources.files("zdmq.server").joinpath("ui", name).read_bytes()
+    return Response(body=body, content_type=ctype, headers={"Cache-Control": "no-cache"})
+
+
 # ---- node-to-node protocol ----------------------------------------------------------------
 def _owner_only(node: Node, queue: str) -> None:
     if node.meta_owner(queue) != node.id:
@@ -1259,6 +1299,11 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         served = [node]
         app[NODE] = node
     app[MEMBER] = member
+    sampler = cluster_status.RateSampler(
+        lambda: served if member is None else member.nodes.values()
+    )
+    app[SAMPLER] = sampler
+    app[STATUS_POOL] = None
 
     async def startup(app: App) -> None:
         if member is not None:
@@ -1269,12 +1314,19 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
             tasks.append(asyncio.create_task(n.monitor_loop()))
             if repair:
                 tasks.append(asyncio.create_task(n.repair_loop()))
+        tasks.append(asyncio.create_task(sampler.run()))
+        # The status's calls to every node, each given up on soon (a node down shows fast).
+        app[STATUS_POOL] = node_pool(
+            config, secret, node_id, timeout_s=cluster_status.NODE_TIMEOUT_S
+        )
 
     async def cleanup(app: App) -> None:
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if app[STATUS_POOL] is not None:
+            await app[STATUS_POOL].close()
         if member is not None:
             await member.stop()
         else:
@@ -1294,6 +1346,8 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("GET", "/v1/health", health, OPEN),
     ("GET", "/v1/cluster", cluster, ANY_CLIENT),
     ("GET", "/v1/openapi.yaml", openapi, OPEN),
+    ("GET", "/v1/status", status, ANY_CLIENT),
+    *(("GET", path, status_page, OPEN) for path in PAGE_FILES),
     ("GET", "/v1/queues", list_queues, ANY_CLIENT),
     ("PUT", "/v1/queues/{queue}", create_queue, ADMIN),
     ("GET", "/v1/queues/{queue}", get_queue, READ),
@@ -1325,4 +1379,5 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/internal/ready", internal_ready, NODE_ONLY),
     ("POST", "/v1/internal/raft", internal_raft, NODE_ONLY),
     ("GET", "/v1/internal/snapshots/{group}", internal_snapshot, NODE_ONLY),
+    ("GET", "/v1/internal/status", internal_status, NODE_ONLY),
 )
