@@ -300,7 +300,13 @@ async def test_a_reopened_store_keeps_a_running_lease_with_its_token_and_deadlin
     m = _find(again, "a")
     assert (m.lease, m.lease_until, m.receive_count) == ("tok1", now + 900, 1)
     assert where(again, "jobs") == (["b"], {"a"}, set())
-    assert again.counts("jobs") == {"ready": 1, "in_flight": 1, "delayed": 0, "dead_lettered": 0}
+    assert again.counts("jobs") == {
+        "ready": 1,
+        "in_flight": 1,
+        "delayed": 0,
+        "dead_lettered": 0,
+        "expired": 0,
+    }
     # Still invisible to a new lease, and the lease monitor finds it due at its deadline.
     got, _ = again.lease("jobs", 5, now=time.time(), visibility_s=10_000, new_token=_tokens("x"))
     assert [t.id for t in got] == ["b"]
@@ -379,7 +385,13 @@ async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_aft
     assert (m.body, m.content_type, m.enqueued_at) == (b"poison", "text/plain", now + 1)
     assert where(again, "dead") == (["a"], set(), set())
     assert again.depth("jobs") == 0
-    assert again.counts("jobs") == {"ready": 0, "in_flight": 0, "delayed": 0, "dead_lettered": 1}
+    assert again.counts("jobs") == {
+        "ready": 0,
+        "in_flight": 0,
+        "delayed": 0,
+        "dead_lettered": 1,
+        "expired": 0,
+    }
     assert again.counts("dead")["ready"] == 1
 
     # Consumed from the DLQ: gone, and no longer counted against its origin after a reopen.

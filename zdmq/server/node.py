@@ -614,7 +614,7 @@ class Node:
         # run on an empty UUID queue under the lock, so it cannot interleave here.
         settings = self.settings[queue]
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready
+        was_empty = lq is None or not lq.ready_count()
         duplicate: list[bool] = await self.execute(
             Push(queue, items, time.time(), settings.max_message_bytes, settings.dedup_window_s)
         )
@@ -622,7 +622,7 @@ class Node:
         self.counters["pushed"] += stored
         self.counters["duplicates"] += len(items) - stored
         lq = state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready:
+        if was_empty and lq is not None and lq.ready_count():
             self._notify_ready(queue)
         return duplicate
 
@@ -666,7 +666,7 @@ class Node:
         state = self.state
         lq = state.queues.get(queue)
         now = time.time()
-        if lq is not None and (lq.ready or (lq.delayed and state.delays_due(now))):
+        if lq is not None and (lq.ready_count() or (lq.delayed and state.delays_due(now))):
             settings = self.settings.get(queue)
             if settings is None:
                 try:
@@ -750,7 +750,7 @@ class Node:
             max_receives = settings.max_receives
             dlq = await self._dead_letter_target(queue, settings, [mid for _, mid, _ in leases])
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready
+        was_empty = lq is None or not lq.ready_count()
         cmd = Settle(
             queue,
             action,
@@ -776,7 +776,7 @@ class Node:
         dlqs = {op.dlq for op in ops if isinstance(op, DeadLetter)}
         self.counters["dead_lettered"] += sum(1 for op in ops if isinstance(op, DeadLetter))
         lq = self.state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready:
+        if was_empty and lq is not None and lq.ready_count():
             self._notify_ready(queue)
         for dlq in dlqs:
             self._notify_ready(dlq)
@@ -833,7 +833,7 @@ class Node:
                 continue
             self._monitor_retry_at.pop(queue, None)
             lq = state.queues.get(queue)
-            was_empty = lq is None or not lq.ready
+            was_empty = lq is None or not lq.ready_count()
             ops = await self.execute(Expire(queue, due, now, settings.max_receives, dlq))
             self.counters["expired"] += len(ops)
             self._after_requeue(queue, was_empty, ops)
