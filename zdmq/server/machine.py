@@ -86,7 +86,7 @@ class Push(NamedTuple):
     """
 
     queue: str
-    items: Sequence[tuple[str, bytes, str | None, bool]]
+    items: Sequence[tuple[Any, ...]]
     now: float
     max_message_bytes: int | None = None
     dedup_window_s: float = 0.0
