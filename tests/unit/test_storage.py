@@ -26,7 +26,7 @@ from zdmq.server.state import (
     Register,
     Unregister,
 )
-from zdmq.server.storage import MemoryStorage, SqliteStorage, open_storage
+from zdmq.server.storage import BODY_INLINE_MAX, MemoryStorage, SqliteStorage, open_storage
 
 from .views import all_ids, where
 
@@ -598,3 +598,39 @@ async def test_tombstones_are_kept_to_the_bound_and_a_create_removes_one(
     again = await _reopen(path)
     assert kept == {"q2": ("inc-2", 12.0), "q4": ("inc-4", 14.0)}
     assert again.tombstones == kept
+
+
+async def test_delivery_options_expired_counts_and_cancels_survive_a_reopen(
+    tmp_path: Path,
+) -> None:
+    """Priorities, deadlines, push delays and attributes (of a small body and of one kept
+    out of line), the queue's expired count and the cancelled ids are all on disk."""
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    state = storage.load()
+    now = time.time()
+    big = b"x" * (BODY_INLINE_MAX + 1)
+    ops: list[Op] = state.push_options(
+        "jobs",
+        [
+            ("plain", b"p", None, 0.0, 0, 0.0, 0.0, None),
+            ("high", b"h", None, 0.0, 7, 0.0, 0.0, '{"k":"v"}'),
+            ("big", big, None, 0.0, 7, now + 600, 0.0, '{"size":"big"}'),
+            ("gone", b"g", None, 0.0, 9, now - 1, 0.0, None),  # past its deadline
+            ("later", b"l", None, 0.0, 3, 0.0, 600.0, None),  # delayed 10 minutes
+            ("cancelled", b"c", None, 0.0, 0, 0.0, 0.0, None),
+        ],
+        now=now,
+    )
+    ops += state.expired_by_deadline(now)
+    assert state.cancel("jobs", "cancelled") == "cancelled"
+    again = await _commit_and_reopen(storage, ops)
+
+    assert where(again, "jobs") == (["big", "high", "plain"], set(), {"later"})
+    assert again.counts("jobs")["expired"] == 1
+    assert again.cancel("jobs", "cancelled") == "again"
+    taken, _ = again.pop("jobs", 3, now=now, min_priority=7)
+    assert [(t.id, t.priority, t.attributes) for t in taken] == [
+        ("big", 7, '{"size":"big"}'),
+        ("high", 7, '{"k":"v"}'),
+    ]
+    assert taken[0].body == big

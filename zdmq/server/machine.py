@@ -233,7 +233,7 @@ def _push(state: NodeState, c: Push) -> list[bool] | ZdmqError:
                 )
             if held is not None and held != queue and not dedup:
                 return MessageIdConflict(f"message id {mid} is in use by another queue")
-    plain = all([len(i) == 4 or not any(i[4:]) for i in items])
+    plain = not any([len(i) > 4 and (i[4] or i[5] or i[6] or i[7]) for i in items])
     if fresh and not any([i[3] for i in items]) and len({i[0] for i in items}) == len(items):
         # The common case: new ids, each once, no dedup windows.
         if plain:

@@ -65,6 +65,7 @@ __all__ = [
     "Op",
     "Purge",
     "Push",
+    "PushOptions",
     "QueueMeta",
     "ReadyQueue",
     "Register",
@@ -89,6 +90,9 @@ CANCELS_KEPT = 10_000
 
 
 # ---- operations ------------------------------------------------------------------------
+PushOptions = tuple[int, float, float, str | None]  # priority, deadline, visible_at, attributes
+
+
 class CreateQueue(NamedTuple):
     queue: str
     incarnation: str
@@ -125,10 +129,10 @@ class Push(NamedTuple):
     enqueued_at: float = 0.0
     # > 0: a dedup record keeps the id until then, even after the message is gone.
     dedup_until: float = 0.0
-    priority: int = 0  # 0..9, higher first
-    deadline: float = 0.0  # > 0: never delivered from then on (dropped, counted expired)
-    visible_at: float = 0.0  # > enqueued_at: delayed until then
-    attributes: str | None = None  # a JSON object of string keys and values
+    # None for a message without delivery options (most), else (priority 0..9, deadline
+    # or 0: never delivered from then on, visible_at: delayed until then if later than
+    # enqueued_at, attributes: a JSON object of strings or None).
+    options: PushOptions | None = None
 
 
 class Remove(NamedTuple):
@@ -292,7 +296,11 @@ class MemoryRows:
         rows, kind = self._rows, type(op)
         if kind is Push:
             assert isinstance(op, Push)
-            rows[op.seq] = Row(op.id, op.body, op.content_type, 0, op.attributes, op.priority)
+            o = op.options
+            if o is None:
+                rows[op.seq] = Row(op.id, op.body, op.content_type, 0)
+            else:
+                rows[op.seq] = Row(op.id, op.body, op.content_type, 0, o[3], o[0])
         elif kind is Remove or kind is Cancel:
             assert isinstance(op, Remove | Cancel)
             rows.pop(op.seq, None)
@@ -632,30 +640,39 @@ class NodeState:
         self.rows.write(op)
 
     def _apply_push(self, op: Push) -> None:
-        queue, mid, seq = op.queue, op.id, op.seq
+        queue, mid, seq, _, _, enqueued_at, dedup_until, options = op
         lq = self.queues.get(queue)
         if lq is None:
             lq = self.queues[queue] = LocalQueue()
         ready = lq.ready
         if ready.head == len(ready.seqs) and not lq.holds():
             lq.first_uuid = mid  # the UUID queue was empty
-        if op.visible_at > op.enqueued_at:  # delayed from the start
-            m = self.hot[mid] = StoredMessage(
-                queue, seq, op.enqueued_at, 0, op.priority, op.deadline
-            )
-            m.visible_at = op.visible_at
+        if options is None:  # the common case: ready, FIFO
+            ready.seqs.append(seq)
+            ready.times.append(enqueued_at)
+            self.ready_ids[id_key(mid)] = queue
+            if dedup_until > 0:
+                self.dedup[mid] = (queue, dedup_until)
+                heapq.heappush(self._dedup_heap, (dedup_until, mid))
+            if seq >= self.next_seq:
+                self.next_seq = seq + 1
+            return
+        priority, deadline, visible_at, _ = options
+        if visible_at > enqueued_at:  # delayed from the start
+            m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, 0, priority, deadline)
+            m.visible_at = visible_at
             lq.delayed.add(mid)
-            heapq.heappush(self._delay_timers, (op.visible_at, seq, mid))
-        elif op.priority or op.deadline:
-            self._join(lq, queue, seq, op.enqueued_at, op.priority, op.deadline)
+            heapq.heappush(self._delay_timers, (visible_at, seq, mid))
+        elif priority or deadline:
+            self._join(lq, queue, seq, enqueued_at, priority, deadline)
             self.ready_ids[id_key(mid)] = queue
         else:
             ready.seqs.append(seq)
-            ready.times.append(op.enqueued_at)
+            ready.times.append(enqueued_at)
             self.ready_ids[id_key(mid)] = queue
-        if op.dedup_until > 0:
-            self.dedup[op.id] = (op.queue, op.dedup_until)
-            heapq.heappush(self._dedup_heap, (op.dedup_until, op.id))
+        if dedup_until > 0:
+            self.dedup[mid] = (queue, dedup_until)
+            heapq.heappush(self._dedup_heap, (dedup_until, mid))
         if seq >= self.next_seq:
             self.next_seq = seq + 1
 
@@ -978,6 +995,12 @@ class NodeState:
         self.wake(now)
         ops: list[Push] = []
         for mid, body, content_type, window, priority, deadline, delay_s, attrs in messages:
+            visible_at = now + delay_s if delay_s > 0 else 0.0
+            options = (
+                (priority, deadline, visible_at, attrs)
+                if priority or deadline or visible_at or attrs is not None
+                else None
+            )
             op = Push(
                 queue,
                 mid,
@@ -986,10 +1009,7 @@ class NodeState:
                 content_type,
                 now,
                 now + window if window else 0.0,
-                priority,
-                deadline,
-                now + delay_s if delay_s > 0 else 0.0,
-                attrs,
+                options,
             )
             self.apply(op)
             ops.append(op)
@@ -1125,7 +1145,7 @@ class NodeState:
         """
 
         def pop_one(seq: int, row: Row) -> tuple[Op, Taken]:
-            taken = Taken(row.id, row.body, row.content_type, row.receive_count, None, *row[4:])
+            taken = Taken(row[0], row[1], row[2], row[3], None, row[4], row[5])
             return Remove(queue, row.id, seq), taken
 
         ops: list[Op] = []
@@ -1149,7 +1169,7 @@ class NodeState:
 
         def lease_one(seq: int, row: Row) -> tuple[Op, Taken]:
             token, count = new_token(), row.receive_count + 1
-            taken = Taken(row.id, row.body, row.content_type, count, token, *row[4:])
+            taken = Taken(row[0], row[1], row[2], count, token, row[4], row[5])
             return Lease(queue, row.id, seq, token, until, count), taken
 
         ops: list[Op] = []

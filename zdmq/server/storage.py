@@ -489,7 +489,11 @@ class SqliteStorage(Storage):
         for op in ops:
             cost = len(op.body) + _ROW_BYTES
             if cost <= room - used:
-                recent[op.seq] = make((op.id, op.body, op.content_type, 0, op[10], op[7]))
+                o = op[7]  # Push's options
+                if o is None:
+                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, None, 0))
+                else:
+                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, o[3], o[0]))
                 used += cost
         self._recent_bytes += used
 
@@ -740,22 +744,18 @@ _MAX_PIECE = 128
 def _insert_rows(n: int) -> str:
     # Each row binds its Push op's tuple as it is, by parameter number (?3 is the op's
     # third field), rather than a tuple of parameters built per row.
-    # Push is (queue, id, seq, body, content_type, enqueued_at, dedup_until, priority,
-    # deadline, visible_at, attributes): eleven parameters a row, of which the seventh
-    # has no column.
+    # Push is (queue, id, seq, body, content_type, enqueued_at, dedup_until, options):
+    # eight parameters a row, of which the last two have no column (a message with
+    # options is written by _w_push's other statement).
     rows = ",".join(
-        f"(?{k + 1}, ?{k + 2}, ?{k + 3}, ?{k + 4}, ?{k + 5}, ?{k + 6}, "
-        f"?{k + 8}, ?{k + 9}, ?{k + 10}, ?{k + 11})"
+        f"(?{k + 1}, ?{k + 2}, ?{k + 3}, ?{k + 4}, ?{k + 5}, ?{k + 6})"
         for k in range(0, _PUSH_FIELDS * n, _PUSH_FIELDS)
     )
-    return (
-        "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, priority, "
-        f"deadline, visible_at, attributes) VALUES {rows}"
-    )
+    return f"INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at) VALUES {rows}"
 
 
 _PUSH_FIELDS = len(Push._fields)
-assert _PUSH_FIELDS == 11
+assert _PUSH_FIELDS == 8
 
 
 @functools.lru_cache(maxsize=16)
@@ -778,6 +778,15 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
     large = [op for op in ops if len(op[3]) > inline_max]  # Push's fourth field is its body
     if large:
         inline = [op for op in ops if len(op[3]) <= inline_max]
+    options = [op for op in inline if op[7] is not None]  # Push's eighth field: its options
+    if options:
+        inline = [op for op in inline if op[7] is None]
+        conn.executemany(
+            "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, "
+            "priority, deadline, visible_at, attributes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(*op[:6], *op[7]) for op in options],
+        )
+    if large:
         # The body is stored under the seq it is pushed with: its id for good.
         conn.executemany(
             "INSERT INTO bodies (id, body) VALUES (?, ?)", [(op.seq, op.body) for op in large]
@@ -794,10 +803,7 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
                     op.content_type,
                     op.enqueued_at,
                     op.seq,
-                    op.priority,
-                    op.deadline,
-                    op.visible_at,
-                    op.attributes,
+                    *(op.options or (0, 0.0, 0.0, None)),
                 )
                 for op in large
             ],
@@ -807,6 +813,7 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
             refs[op.seq] = op.seq
     for start, size in _pieces(len(inline)):
         params = list(chain.from_iterable(inline[start : start + size]))
+        del params[-2:]  # the last op's dedup_until and options: no placeholder takes them
         conn.execute(_insert_rows(size), params)
     dedup = [(op.id, op.queue, op.dedup_until) for op in ops if op.dedup_until > 0]
     if dedup:
