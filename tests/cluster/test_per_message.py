@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.cluster.support import id_owned_by
 from tests.cluster.test_replication import (  # noqa: F401 - the fixture is used by name
     _trust_the_session_ca,
     health,
@@ -139,17 +140,40 @@ async def _member_counts(cluster: LocalCluster, group: str) -> list[int]:
 async def test_a_cancelled_message_is_gone_on_every_replica_and_stays_gone_after_a_leader_kill(
     make_cluster: Callable[..., LocalCluster], client_ssl: ssl.SSLContext | None
 ) -> None:
+    """Also: the group's next leader delivers another queue's messages in the order the
+    killed one would have (priority, then deadline, then arrival)."""
     cluster = await replicated(make_cluster, "n1")
-    q = unique("cancel")
+    q, ordered = unique("cancel"), unique("order")
+    rng = random.Random(3)
     async with Client.from_config(cluster.config_path, timeout_s=3) as c:
         await c.create_queue(q)
+        await c.create_queue(ordered)
         ids = await c.push_many(q, [b"a", b"b", b"c", b"d"])  # fresh ids: one group
         group = c.placement.owner(ids[0])
         assert {c.placement.owner(i) for i in ids} == {group}
-        await wait_until(lambda: _has(cluster, group, 4), timeout_s=10, what="every member holds 4")
+        # 60 messages on that same group (ids drawn to hash there), in one JSON batch.
+        now = time.time()
+        items, keyed = [], []
+        for n in range(60):
+            mid = id_owned_by(c.placement, group)
+            priority = rng.choice([0, 0, 3, 9])
+            deadline = now + rng.uniform(300, 900) if rng.random() < 0.3 else None
+            items.append({"id": mid, "body": str(n), "priority": priority, "deadline": deadline})
+            keyed.append((-priority, deadline or float("inf"), n, mid))
+        expected = [k[3] for k in sorted(keyed)]
+        url = cluster.config.node(group).url + f"/v1/queues/{ordered}/batch"
+        connector = aiohttp.TCPConnector(ssl=client_ssl if client_ssl is not None else True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as s,
+            s.post(url, json={"messages": items}) as r,
+        ):
+            assert r.status == 201, await r.text()
+        await wait_until(
+            lambda: _has(cluster, group, 64), timeout_s=10, what="every member holds 64"
+        )
         await c.cancel(q, ids[0])
         await wait_until(
-            lambda: _has(cluster, group, 3), timeout_s=10, what="every member dropped it"
+            lambda: _has(cluster, group, 63), timeout_s=10, what="every member dropped it"
         )
         await c.cancel(q, ids[0])  # a repeat answers as the first did
         [leased] = await c.receive(q, 1, visibility_s=5)
@@ -177,6 +201,10 @@ async def test_a_cancelled_message_is_gone_on_every_replica_and_stays_gone_after
         # The leased one is back once its lease runs out, on the new leader; the cancelled
         # ones never come back.
         assert got == {ids[1], ids[3]} and leased.id == ids[1]
+        popped: list[str] = []
+        while batch := await c.pop_many(ordered, 7):
+            popped += [m.id for m in batch]
+        assert popped == expected
 
 
 async def _has(cluster: LocalCluster, group: str, n: int) -> bool:

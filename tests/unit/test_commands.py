@@ -313,3 +313,21 @@ def test_a_cancel_removes_a_waiting_message_refuses_a_leased_one_and_repeats_its
     verdicts = [apply_command(state, CancelMessage("jobs", m)) for m in ("a", "b", "c", "c", "x")]
     assert verdicts == ["leased", "cancelled", "cancelled", "again", "unknown"]
     assert state.stored() == 1 and list(state.cancelled) == ["b", "c"]
+
+
+def test_retention_drops_old_messages_of_every_priority_and_deadline_and_no_others() -> None:
+    state = NodeState()
+    old = [("o0", 0, 0.0), ("o5", 5, 0.0), ("od", 2, 500.0)]
+    apply_command(
+        state, Push("jobs", [(m, b"", None, False, p, d, 0.0, None) for m, p, d in old], 1.0)
+    )
+    young = [("y0", 0, 0.0), ("y5", 5, 0.0), ("yd", 2, 500.0)]
+    apply_command(
+        state, Push("jobs", [(m, b"", None, False, p, d, 0.0, None) for m, p, d in young], 50.0)
+    )
+    assert apply_command(state, Housekeep(70.0, [("jobs", 30.0)])) == 3
+    assert state.ready_list("jobs") == ["y5", "yd", "y0"]
+    assert state.counts("jobs")["expired"] == 0  # retention is not a deadline
+    # Nothing is due before the youngest would pass retention: the next sweep only looks.
+    assert apply_command(state, Housekeep(75.0, [("jobs", 30.0)])) == 0
+    assert state.queues["jobs"].retention_due == 80.0

@@ -8,9 +8,12 @@ sockets: every planner takes `now` (wall-clock seconds) from its caller, so test
 time by hand.
 
 Per queue a node holds:
-  * a UUID queue (`LocalQueue.ready`): its *ready* messages in arrival order, as flat
-    arrays of sequence number and arrival time (16 bytes a message), with an index of
-    their ids (`NodeState.ready_ids`, a 128-bit int per id) for duplicate checks;
+  * a UUID queue (`LocalQueue`): its *ready* messages in delivery order (priority, then
+    deadline, then the order they became ready). Those of priority 0 without a deadline,
+    most traffic, are `LocalQueue.ready`: flat arrays of sequence number and arrival time
+    (16 bytes a message); the others are kept apart and merged at take time (see
+    LocalQueue). An index of their ids (`NodeState.ready_ids`, a 128-bit int per id)
+    serves duplicate checks;
   * its leased messages (`LocalQueue.leased`): received, invisible until acked, released
     or expired; and its delayed ones (`LocalQueue.delayed`): nacked with a delay; these
     few have a `StoredMessage` each with their delivery state (`NodeState.hot`);
@@ -24,9 +27,10 @@ As the metadata owner of a queue (the primary of partition(queue name)) it also 
 the queue's *metadata list* (`QueueMeta.nodes`) and settings.
 
 A message's life:
-    Push -> ready -> Lease -> leased -> Remove (ack)
+    Push -> ready (or delayed, with a delay) -> Lease -> leased -> Remove (ack)
                                      -> Requeue (nack, expiry) -> ready or delayed
                                      -> DeadLetter (past max_receives) -> ready in the DLQ
+    ready or delayed -> Cancel; ready -> Remove(expired) once past its deadline
 The first of ack / nack / expiry to reach a lease wins: each names the lease token, and
 a planner acts only while the message still carries that token, so later ones are
 no-ops the caller reports as `lease_expired`. Expiry is decided by the clock, not by
