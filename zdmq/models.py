@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import os
 import re
@@ -39,6 +40,7 @@ __all__ = [
     "QueueSettings",
     "QueueStats",
     "ReceivedMessage",
+    "attributes_header",
     "decode_attributes",
     "decode_batch",
     "decode_body",
@@ -78,7 +80,7 @@ class Message:
     id: str
     body: bytes
     content_type: str | None = None
-    attributes: dict[str, str] = field(default_factory=dict)
+    attributes: dict[str, str] = field(default_factory=dict, hash=False)
     priority: int = 0
 
     def text(self, encoding: str = "utf-8") -> str:
@@ -94,7 +96,7 @@ class ReceivedMessage:
     receipt: str
     receive_count: int
     content_type: str | None = None
-    attributes: dict[str, str] = field(default_factory=dict)
+    attributes: dict[str, str] = field(default_factory=dict, hash=False)
     priority: int = 0
 
     def text(self, encoding: str = "utf-8") -> str:
@@ -177,6 +179,12 @@ def encode_attributes(attributes: Any) -> str | None:
 
 def decode_attributes(text: str | None) -> dict[str, str]:
     return orjson.loads(text) if text else {}
+
+
+def attributes_header(text: str) -> str:
+    """Stored attributes as a header value: the same JSON object in ASCII (non-ASCII
+    characters as \\u escapes), since a header carries visible ASCII."""
+    return json.dumps(orjson.loads(text), separators=(",", ":"))
 
 
 def delivery_options(

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.cluster.support import id_owned_by
+from tests.cluster.support import id_owned_by, placement_of
 from tests.cluster.test_replication import (  # noqa: F401 - the fixture is used by name
     _trust_the_session_ca,
     health,
@@ -116,13 +116,21 @@ async def test_pushes_with_bad_options_are_refused_with_their_codes(
     async with http.post(url + "/pop", params={"min_priority": "10"}) as r:
         assert r.status == 400
     assert (await client.stats(q)).messages == 0  # nothing refused was stored
-    # A single push by headers, popped raw: its priority and attributes come back as headers.
-    headers = {"zdmq-priority": "3", "zdmq-ttl-s": "60", "zdmq-attributes": '{"a":"b"}'}
+    # A single push by headers, to a node that forwards it to the id's owner, popped raw:
+    # its priority and attributes (non-ASCII ones as JSON escapes) come back as headers.
+    placement = placement_of(cluster4)
+    mid = id_owned_by(placement, cluster4.config.node_ids[1])
+    attrs = '{"a":"b","k\\u00e9":"\\u2713"}'
+    headers = {"zdmq-id": mid, "zdmq-priority": "3", "zdmq-ttl-s": "60", "zdmq-attributes": attrs}
     async with http.post(url + "/messages", data=b"x", headers=headers) as r:
-        assert r.status == 201
+        assert r.status == 201, await r.text()
     async with http.post(url + "/pop", params={"min_priority": "3"}) as r:
         assert r.status == 200
-        assert (r.headers["zdmq-priority"], r.headers["zdmq-attributes"]) == ("3", '{"a":"b"}')
+        assert (r.headers["zdmq-id"], r.headers["zdmq-priority"]) == (mid, "3")
+        assert r.headers["zdmq-attributes"] == attrs
+    await client.push(q, b"y", attributes={"ké": "✓"}, priority=1)
+    [m] = await client.pop_many(q, 10)
+    assert (m.body, m.attributes, m.priority) == (b"y", {"ké": "✓"}, 1)
 
 
 async def _member_counts(cluster: LocalCluster, group: str) -> list[int]:

@@ -47,6 +47,7 @@ from zdmq.models import (
     QueueSettings,
     QueueStats,
     ReceivedMessage,
+    attributes_header,
     decode_attributes,
     decode_batch,
     dedup_message_id,
@@ -381,7 +382,7 @@ class Client:
         if delay_s:
             headers["zdmq-delay-s"] = repr(float(delay_s))
         if attrs is not None:
-            headers["zdmq-attributes"] = attrs
+            headers["zdmq-attributes"] = attributes_header(attrs)
         if dedup_id is not None:
             msg_id = dedup_message_id(queue, dedup_id)
             headers["zdmq-dedup-id"] = dedup_id

@@ -57,6 +57,7 @@ from zdmq.models import (
     SETTLED_KEY,
     Batch,
     QueueSettings,
+    attributes_header,
     decode_attributes,
     decode_batch,
     decode_body,
@@ -401,7 +402,7 @@ async def push(request: Request) -> Response:
         if delay_s:
             headers[DELAY_HEADER] = repr(delay_s)
         if attrs is not None:
-            headers[ATTRIBUTES_HEADER] = attrs
+            headers[ATTRIBUTES_HEADER] = attributes_header(attrs)
         reply = await node.peer_call(
             owner, "POST", f"/v1/queues/{queue}/messages", data=body, headers=headers
         )
@@ -761,7 +762,7 @@ async def pop(request: Request) -> Response:
     if d.priority:
         headers[PRIORITY_HEADER] = str(d.priority)
     if d.attributes is not None:
-        headers[ATTRIBUTES_HEADER] = d.attributes
+        headers[ATTRIBUTES_HEADER] = attributes_header(d.attributes)
     return Response(body=d.body, headers=headers)
 
 
