@@ -120,12 +120,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--file", type=Path, help="read the body from this file")
     p.add_argument("--content-type", help="the body's content type")
     p.add_argument("--dedup-id", help="retries with the same dedup id store the message once")
+    p.add_argument("--priority", type=int, default=0, help="0..9, higher delivered first")
+    p.add_argument("--ttl", type=float, help="seconds until the message expires undelivered")
+    p.add_argument("--delay", type=float, help="seconds (0..900) the message stays invisible")
+    p.add_argument(
+        "--attr", action="append", default=[], metavar="KEY=VALUE", help="an attribute (repeat)"
+    )
 
     p = sub.add_parser("pop", help="pop messages and print their bodies")
     p.add_argument("queue")
     p.add_argument("-n", "--count", type=int, default=1, help="how many (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object a message")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a message (0-20)")
+    p.add_argument("--min-priority", type=int, default=0, help="only this priority or more")
 
     p = sub.add_parser("demo", help="start the local cluster, push and pop, then Spark; report")
     p.add_argument("--messages", type=int, default=5000, help="how many (default %(default)s)")
@@ -335,23 +342,43 @@ async def _push(config: ClusterConfig, args: argparse.Namespace) -> int:
         body = args.body.encode("utf-8")
     else:
         body = sys.stdin.buffer.read()
+    attributes: dict[str, str] = {}
+    for pair in args.attr:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            print(f"zdmq push: --attr {pair!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        attributes[key] = value
     async with Client(config=config, token=args.token) as c:
-        print(
-            await c.push(args.queue, body, content_type=args.content_type, dedup_id=args.dedup_id)
+        msg_id = await c.push(
+            args.queue,
+            body,
+            content_type=args.content_type,
+            dedup_id=args.dedup_id,
+            priority=args.priority,
+            ttl_s=args.ttl,
+            delay_s=args.delay,
+            attributes=attributes or None,
         )
+        print(msg_id)
     return 0
 
 
 async def _pop(config: ClusterConfig, args: argparse.Namespace) -> int:
     async with Client(config=config, token=args.token) as c:
         for _ in range(args.count):
-            m = await c.pop(args.queue, wait_s=args.wait)
+            m = await c.pop(args.queue, wait_s=args.wait, min_priority=args.min_priority)
             if m is None:
                 print("(empty)", file=sys.stderr)
                 return 0
             if args.json:
                 text = m.body.decode("utf-8", "replace")
-                print(json.dumps({"id": m.id, "body": text, "content_type": m.content_type}))
+                out: dict[str, Any] = {"id": m.id, "body": text, "content_type": m.content_type}
+                if m.priority:
+                    out["priority"] = m.priority
+                if m.attributes:
+                    out["attributes"] = m.attributes
+                print(json.dumps(out))
             else:
                 sys.stdout.buffer.write(m.body + b"\n")
                 sys.stdout.flush()

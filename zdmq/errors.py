@@ -44,9 +44,12 @@ __all__ = [
     "ConfigError",
     "Forbidden",
     "InternalError",
+    "InvalidAttributes",
     "InvalidMessage",
     "InvalidQueueName",
     "MessageIdConflict",
+    "MessageLeased",
+    "MessageNotFound",
     "MessageTooLarge",
     "MethodNotAllowed",
     "Misrouted",
@@ -107,6 +110,10 @@ class InvalidMessage(BadRequest):
     code = "invalid_message"
 
 
+class InvalidAttributes(BadRequest):
+    code = "invalid_attributes"
+
+
 class BatchTooLarge(BadRequest):
     code = "batch_too_large"
 
@@ -155,6 +162,16 @@ class MethodNotAllowed(ZdmqError):
 class RequestTimeout(ZdmqError):
     status = 408
     code = "request_timeout"
+
+
+class MessageNotFound(ZdmqError):
+    status = 404
+    code = "message_not_found"
+
+
+class MessageLeased(ZdmqError):
+    status = 409
+    code = "message_leased"
 
 
 class QueueExists(ZdmqError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import os
 import re
@@ -20,9 +21,12 @@ from dataclasses import dataclass, field, fields
 from itertools import accumulate, pairwise
 from typing import Any
 
+import orjson
+
 from zdmq.errors import (
     BadRequest,
     BatchTooLarge,
+    InvalidAttributes,
     InvalidMessage,
     InvalidQueueName,
     MessageTooLarge,
@@ -37,10 +41,14 @@ __all__ = [
     "QueueSettings",
     "QueueStats",
     "ReceivedMessage",
+    "attributes_header",
     "copy_message_id",
+    "decode_attributes",
     "decode_batch",
     "decode_body",
     "dedup_message_id",
+    "delivery_options",
+    "encode_attributes",
     "encode_batch",
     "encode_body",
     "make_receipt",
@@ -74,6 +82,8 @@ class Message:
     id: str
     body: bytes
     content_type: str | None = None
+    attributes: dict[str, str] = field(default_factory=dict, hash=False)
+    priority: int = 0
 
     def text(self, encoding: str = "utf-8") -> str:
         return self.body.decode(encoding)
@@ -88,6 +98,8 @@ class ReceivedMessage:
     receipt: str
     receive_count: int
     content_type: str | None = None
+    attributes: dict[str, str] = field(default_factory=dict, hash=False)
+    priority: int = 0
 
     def text(self, encoding: str = "utf-8") -> str:
         return self.body.decode(encoding)
@@ -114,6 +126,7 @@ class QueueStats:
     in_flight: int = 0
     delayed: int = 0
     dead_lettered: int = 0
+    expired: int = 0
 
     @property
     def visible(self) -> int:
@@ -153,6 +166,86 @@ MAX_RECEIVES = 1_000
 # Bounds of a receive and of a long poll.
 MAX_RECEIVE = 100
 MAX_WAIT_S = 20.0
+# Bounds of a message's delivery options.
+MAX_PRIORITY = 9
+MAX_DELAY_S = 900.0
+MAX_TTL_S = MAX_RETENTION_S
+MAX_ATTRIBUTES = 16
+MAX_ATTRIBUTE_KEY_BYTES = 128
+MAX_ATTRIBUTE_VALUE_BYTES = 1024
+
+
+def encode_attributes(attributes: Any) -> str | None:
+    """The stored form (compact JSON) of a message's attributes, None for none;
+    InvalidAttributes naming what is wrong otherwise."""
+    if attributes is None or attributes == {}:
+        return None
+    if not isinstance(attributes, dict):
+        raise InvalidAttributes("attributes: expected an object of string keys and values")
+    if len(attributes) > MAX_ATTRIBUTES:
+        raise InvalidAttributes(
+            f"attributes: {len(attributes)} pairs is over the limit of {MAX_ATTRIBUTES}"
+        )
+    for k, v in attributes.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidAttributes(f"attributes: {k!r}: keys and values must be strings")
+        try:
+            kn, vn = len(k.encode()), len(v.encode())
+        except UnicodeEncodeError:
+            raise InvalidAttributes(f"attributes: {k!r}: not valid UTF-8") from None
+        if not 1 <= kn <= MAX_ATTRIBUTE_KEY_BYTES:
+            raise InvalidAttributes(
+                f"attributes: key {k[:40]!r}: expected 1..{MAX_ATTRIBUTE_KEY_BYTES} bytes"
+            )
+        if vn > MAX_ATTRIBUTE_VALUE_BYTES:
+            raise InvalidAttributes(
+                f"attributes: value of {k!r}: {vn} bytes is over {MAX_ATTRIBUTE_VALUE_BYTES}"
+            )
+    return orjson.dumps(attributes).decode()
+
+
+def decode_attributes(text: str | None) -> dict[str, str]:
+    return orjson.loads(text) if text else {}
+
+
+def attributes_header(text: str) -> str:
+    """Stored attributes as a header value: the same JSON object in ASCII (non-ASCII
+    characters as \\u escapes), since a header carries visible ASCII."""
+    return json.dumps(orjson.loads(text), separators=(",", ":"))
+
+
+def delivery_options(
+    *,
+    priority: Any = None,
+    deadline: Any = None,
+    ttl_s: Any = None,
+    delay_s: Any = None,
+    now: float,
+) -> tuple[int, float, float]:
+    """(priority, deadline or 0, delay_s) of a push, checked; BadRequest naming the bad
+    one (a deadline and a ttl_s together are refused)."""
+    p = 0
+    if priority is not None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise BadRequest(
+                f"priority: expected an integer in 0..{MAX_PRIORITY}, got {priority!r}"
+            )
+        if not 0 <= priority <= MAX_PRIORITY:
+            raise BadRequest(f"priority: expected an integer in 0..{MAX_PRIORITY}, got {priority}")
+        p = priority
+    if deadline is not None and ttl_s is not None:
+        raise BadRequest("give deadline or ttl_s, not both")
+    d = 0.0
+    if deadline is not None:
+        d = _number({"deadline": deadline}, "deadline", 1.0, 1e11)
+    elif ttl_s is not None:
+        d = now + _number({"ttl_s": ttl_s}, "ttl_s", 0.001, MAX_TTL_S)
+    delay = 0.0
+    if delay_s is not None:
+        delay = _number({"delay_s": delay_s}, "delay_s", 0.0, MAX_DELAY_S)
+    return p, d, delay
+
+
 # What an ack, nack or extend reply calls the count of receipts that took effect.
 SETTLED_KEY = {"ack": "acked", "nack": "nacked", "extend": "extended"}
 
@@ -413,7 +506,7 @@ def decode_body(text: Any, encoding: Any, max_bytes: int) -> bytes:
     return body
 
 
-def message_to_wire(msg_id: str, body: bytes, content_type: str | None = None) -> dict[str, str]:
+def message_to_wire(msg_id: str, body: bytes, content_type: str | None = None) -> dict[str, Any]:
     text, encoding = encode_body(body)
     m = {"id": msg_id, "body": text, "encoding": encoding}
     if content_type is not None:
@@ -425,7 +518,14 @@ def message_from_wire(item: Any) -> Message:
     if not isinstance(item, dict) or not isinstance(item.get("id"), str):
         raise InvalidMessage("reply message: expected an object with id, body, encoding")
     body = decode_body(item.get("body"), item.get("encoding", "utf-8"), 1 << 62)
-    return Message(item["id"], body, item.get("content_type"))
+    attrs = item.get("attributes")
+    return Message(
+        item["id"],
+        body,
+        item.get("content_type"),
+        attrs if isinstance(attrs, dict) else {},
+        int(item.get("priority", 0)),
+    )
 
 
 def received_from_wire(item: Any) -> ReceivedMessage:
@@ -433,7 +533,7 @@ def received_from_wire(item: Any) -> ReceivedMessage:
     receipt, count = item.get("receipt"), item.get("receive_count")
     if not isinstance(receipt, str) or not isinstance(count, int):
         raise InvalidMessage("reply message: expected a receipt and a receive_count")
-    return ReceivedMessage(m.id, m.body, receipt, count, m.content_type)
+    return ReceivedMessage(m.id, m.body, receipt, count, m.content_type, m.attributes, m.priority)
 
 
 # ---- the binary batch format ---------------------------------------------------------------
@@ -446,6 +546,7 @@ def received_from_wire(item: Any) -> ReceivedMessage:
 #   ids     = count x 36 bytes: canonical UUIDs in ASCII, or 36 NUL bytes for "no id"
 #   strings = count x u32 lengths (0xFFFFFFFF: none) | the values, concatenated
 #   counts  = count x u32
+#   times   = count x f64 (IEEE 754 little-endian)
 # Integers are unsigned little-endian; the frame ends exactly where its last column does.
 BATCH_CONTENT_TYPE = "application/x-zdmq-batch"
 BATCH_IDS = 1  # ids column: message ids
@@ -454,9 +555,21 @@ BATCH_CONTENT_TYPES = 4  # strings column (UTF-8): content types
 BATCH_DEDUP_IDS = 8  # strings column (UTF-8): dedup ids (a pushed message with one has no id)
 BATCH_RECEIPTS = 16  # strings column (ASCII): receipts
 BATCH_RECEIVE_COUNTS = 32  # counts column: receive counts
+BATCH_PRIORITIES = 64  # counts column: priorities (0..9)
+BATCH_DEADLINES = 128  # times column: deadlines in unix seconds (0: none)
+BATCH_TTLS = 256  # times column: ttl_s, seconds from the push (0: none)
+BATCH_DELAYS = 512  # times column: delay_s
+BATCH_ATTRIBUTES = 1024  # strings column (UTF-8): attributes, each a JSON object
 _BATCH_FIELDS = (
     BATCH_IDS | BATCH_BODIES | BATCH_CONTENT_TYPES | BATCH_DEDUP_IDS | BATCH_RECEIPTS
-) | BATCH_RECEIVE_COUNTS
+) | (
+    BATCH_RECEIVE_COUNTS
+    | BATCH_PRIORITIES
+    | BATCH_DEADLINES
+    | BATCH_TTLS
+    | BATCH_DELAYS
+    | BATCH_ATTRIBUTES
+)
 _BATCH_MAGIC = b"ZQB1"
 _BATCH_HEAD = 12
 _NONE = 0xFFFFFFFF
@@ -477,6 +590,18 @@ class Batch:
     dedup_ids: list[str | None] | None = None
     receipts: list[str | None] | None = None
     receive_counts: list[int] | None = None
+    priorities: list[int] | None = None
+    deadlines: list[float] | None = None
+    ttls: list[float] | None = None
+    delays: list[float] | None = None
+    attributes: list[str | None] | None = None
+
+
+def _f64s(values: Iterable[float]) -> bytes:
+    a = array("d", values)
+    if _SWAP:  # pragma: no cover - no big-endian machine here
+        a.byteswap()
+    return a.tobytes()
 
 
 def _u32s(values: Iterable[int]) -> bytes:
@@ -501,10 +626,29 @@ def encode_batch(
     dedup_ids: Sequence[str | None] | None = None,
     receipts: Sequence[str | None] | None = None,
     receive_counts: Sequence[int] | None = None,
+    priorities: Sequence[int] | None = None,
+    deadlines: Sequence[float] | None = None,
+    ttls: Sequence[float] | None = None,
+    delays: Sequence[float] | None = None,
+    attributes: Sequence[str | None] | None = None,
 ) -> bytes:
     """A batch frame of the columns given (all of the same length). A column of
-    optional strings that holds only None is left out: a reader takes it as all None."""
-    columns = (ids, bodies, content_types, dedup_ids, receipts, receive_counts)
+    optional strings that holds only None is left out: a reader takes it as all None;
+    so is a column of priorities or times that holds only zeros (a reader that knows
+    no priorities and deadlines reads such a frame as it always did)."""
+    columns = (
+        ids,
+        bodies,
+        content_types,
+        dedup_ids,
+        receipts,
+        receive_counts,
+        priorities,
+        deadlines,
+        ttls,
+        delays,
+        attributes,
+    )
     given = [c for c in columns if c is not None]
     count = len(given[0]) if given else 0
     if any(len(c) != count for c in given):
@@ -529,6 +673,16 @@ def encode_batch(
     if receive_counts is not None:
         fields |= BATCH_RECEIVE_COUNTS
         parts.append(_u32s(receive_counts))
+    if priorities is not None and any(priorities):
+        fields |= BATCH_PRIORITIES
+        parts.append(_u32s(priorities))
+    for bit, times in ((BATCH_DEADLINES, deadlines), (BATCH_TTLS, ttls), (BATCH_DELAYS, delays)):
+        if times is not None and any(times):
+            fields |= bit
+            parts.append(_f64s(times))
+    if attributes is not None and any(v is not None for v in attributes):
+        fields |= BATCH_ATTRIBUTES
+        parts += _strings(attributes)
     return b"".join([_BATCH_MAGIC, _u32s((count, fields)), *parts])
 
 
@@ -577,6 +731,28 @@ def decode_batch(frame: bytes, *, max_count: int | None = None) -> Batch:
             raise BadRequest("batch frame: the receive_counts column is cut short")
         batch.receive_counts = _read_u32s(frame, pos, count).tolist()
         pos += 4 * count
+    if fields & BATCH_PRIORITIES:
+        if pos + 4 * count > n:
+            raise BadRequest("batch frame: the priorities column is cut short")
+        batch.priorities = _read_u32s(frame, pos, count).tolist()
+        pos += 4 * count
+    for bit, name in (
+        (BATCH_DEADLINES, "deadlines"),
+        (BATCH_TTLS, "ttls"),
+        (BATCH_DELAYS, "delays"),
+    ):
+        if fields & bit:
+            if pos + 8 * count > n:
+                raise BadRequest(f"batch frame: the {name} column is cut short")
+            a = array("d")
+            a.frombytes(frame[pos : pos + 8 * count])
+            if _SWAP:  # pragma: no cover - no big-endian machine here
+                a.byteswap()
+            setattr(batch, name, a.tolist())
+            pos += 8 * count
+    if fields & BATCH_ATTRIBUTES:
+        raw, pos = _read_strings(frame, pos, count, "attributes")
+        batch.attributes = _texts(raw, "attributes")
     if pos != n:
         raise BadRequest(f"batch frame: {n - pos} bytes after its last column")
     return batch

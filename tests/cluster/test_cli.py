@@ -100,6 +100,25 @@ def test_queue_push_pop_and_status_commands_round_trip(cluster4: LocalCluster) -
     assert gone.returncode == 1 and "queue_not_found" in gone.stderr
 
 
+def test_push_takes_delivery_options_and_pop_a_minimum_priority(cluster4: LocalCluster) -> None:
+    cfg = str(cluster4.config_path)
+    q = unique("cli-opts")
+    assert zdmq("queue", "create", q, "--config", cfg).returncode == 0
+    pushed = zdmq(
+        "push", q, "urgent", "--priority", "8", "--ttl", "600", "--attr", "k=v", "--config", cfg
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    assert zdmq("push", q, "later", "--delay", "30", "--config", cfg).returncode == 0
+    bad = zdmq("push", q, "x", "--attr", "novalue", "--config", cfg)
+    assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+    popped = zdmq("pop", q, "-n", "2", "--json", "--min-priority", "5", "--config", cfg)
+    assert popped.returncode == 0, popped.stderr
+    [line] = popped.stdout.splitlines()
+    assert '"priority": 8' in line and '"attributes": {"k": "v"}' in line
+    stats = zdmq("queue", "stats", q, "--config", cfg)
+    assert f"{q}: 1 messages" in stats.stdout, stats.stdout
+
+
 def test_a_bad_config_file_names_the_field_and_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "cluster.yaml"
     bad.write_text("nodes:\n  - {id: n1, host: 127.0.0.1, port: nope}\n")

@@ -66,6 +66,7 @@ async def test_queue_calls_create_list_get_delete_behave_as_listed_through_every
                     "in_flight": 0,
                     "delayed": 0,
                     "dead_lettered": 0,
+                    "expired": 0,
                     "nodes": [],
                     "depth": {},
                     "registered": [],

@@ -127,6 +127,7 @@ async def test_get_queue_reports_its_message_count_and_nodes(http: Http) -> None
         "in_flight": 0,
         "delayed": 0,
         "dead_lettered": 0,
+        "expired": 0,
         "nodes": [],
         "depth": {},
         "registered": [],
@@ -559,7 +560,7 @@ async def test_push_and_pop_on_a_deleted_queue_return_404(
         ("GET", "/v2/health"),
         ("GET", "/v1/nope"),
         ("POST", "/v1/queues/jobs/nope"),
-        ("GET", "/v1/queues/jobs/messages/extra"),
+        ("GET", "/v1/queues/jobs/messages/extra/more"),
     ],
 )
 async def test_an_unknown_route_returns_404_not_found_as_json(

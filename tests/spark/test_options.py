@@ -63,11 +63,17 @@ def test_unknown_option_names_are_refused_by_name_and_paths_pass() -> None:
 def test_write_options_default_and_bounds() -> None:
     o = options.WriteOptions.parse({"queue": "q", "write_id": "w1", "body_column": "b"})
     assert (o.batch_size, o.inflight, o.write_id, o.body_column) == (500, 4, "w1", "b")
+    assert (o.priority, o.ttl_s, o.delay_s) == (0, None, None)
+    o = options.WriteOptions.parse({"queue": "q", "priority": "7", "ttl_s": "60", "delay_s": "2"})
+    assert (o.priority, o.ttl_s, o.delay_s) == (7, 60.0, 2.0)
     for bad, name in [
         ({"write_id": "x" * 129}, "write_id"),
         ({"write_id": ""}, "write_id"),
         ({"batch_size": "0"}, "batch_size"),
         ({"inflight": "33"}, "inflight"),
+        ({"priority": "10"}, "priority"),
+        ({"ttl_s": "0"}, "ttl_s"),
+        ({"delay_s": "901"}, "delay_s"),
     ]:
         with pytest.raises(ValueError, match=rf"^option {name}: "):
             options.WriteOptions.parse({"queue": "q", **bad})

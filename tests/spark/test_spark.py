@@ -434,6 +434,31 @@ def test_write_pushes_rows_without_a_body_column_as_json_objects(
     assert got == [{"n": 1, "s": "a"}, {"n": 2, "s": "b"}]
 
 
+def test_write_gives_rows_their_priority_delay_and_attributes_from_options_and_columns(
+    spark: Any, cluster: LocalCluster
+) -> None:
+    q = unique("write-options")
+    run(_create_and_push(cluster.config_path, q, []))
+    df = spark.createDataFrame(
+        [(b"low", None, None), (b"high", 9, {"k": "v"}), (b"mid", 4, None)],
+        "body binary, priority int, attributes map<string,string>",
+    )
+    df.coalesce(1).write.format("zdmq").option("config", str(cluster.config_path)).option(
+        "queue", q
+    ).option("priority", "2").option("ttl_s", "600").mode("append").save()
+
+    async def pop_all() -> list[tuple[bytes, int, dict[str, str]]]:
+        async with zdmq.Client.from_config(cluster.config_path) as c:
+            out: list[tuple[bytes, int, dict[str, str]]] = []
+            while batch := await c.pop_many(q, 10):
+                out += [(m.body, m.priority, m.attributes) for m in batch]
+            return out
+
+    # Rows have dedup ids (their ids spread over the nodes): priority orders each node's.
+    got = sorted(run(pop_all()), key=lambda m: -m[1])
+    assert got == [(b"high", 9, {"k": "v"}), (b"mid", 4, {}), (b"low", 2, {})]
+
+
 def test_write_run_again_with_the_same_write_id_stores_nothing_twice(
     spark: Any, cluster: LocalCluster
 ) -> None:

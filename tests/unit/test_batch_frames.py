@@ -108,7 +108,7 @@ def test_bytes_after_the_last_column_are_refused() -> None:
     [
         (b"ZQB2" + GOOD[4:], "starts with"),
         (b'{"messages": []}', "starts with"),
-        (b"ZQB1" + struct.pack("<II", 0, 1 << 9), "unknown field"),
+        (b"ZQB1" + struct.pack("<II", 0, 1 << 11), "unknown field"),
         (
             b"ZQB1" + struct.pack("<II", 1, BATCH_IDS) + b"0D7A1A0E-1111-4222-8333-444455556666",
             r"ids\[0\]",

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zdmq import Client, ClusterConfig
-from zdmq.client.client import _batches, _item_bytes, _push_frame
+from zdmq.client.client import _PLAIN, _batches, _item_bytes, _push_frame
 from zdmq.errors import InvalidMessage
 from zdmq.models import decode_batch
 
@@ -22,7 +22,8 @@ def test_batches_keep_every_item_in_order_within_count_and_byte_limits(
     sizes: list[int], max_count: int, max_bytes: int
 ) -> None:
     items = [
-        (f"{i:08d}-0000-4000-8000-000000000000", b"x" * n, None, None) for i, n in enumerate(sizes)
+        (f"{i:08d}-0000-4000-8000-000000000000", b"x" * n, None, None, *_PLAIN)
+        for i, n in enumerate(sizes)
     ]
     seen: list[str | None] = []
     for start, end in _batches([_item_bytes(it) for it in items], max_count, max_bytes):
@@ -36,8 +37,9 @@ def test_batches_keep_every_item_in_order_within_count_and_byte_limits(
     assert seen == [it[0] for it in items]
 
 
-def test_the_size_bound_of_an_item_covers_its_content_type_and_dedup_id() -> None:
-    items = [(None, b"x" * 10, "text/plain; charset=utf-8", "dédup-ü" * 3)] * 5
+def test_the_size_bound_of_an_item_covers_its_content_type_dedup_id_and_options() -> None:
+    options = (9, 1e10, 30.0, 900.0, '{"ké":"vü"}')
+    items = [(None, b"x" * 10, "text/plain; charset=utf-8", "dédup-ü" * 3, *options)] * 5
     frame = _push_frame(items)
     assert len(frame) <= 12 + sum(_item_bytes(it) for it in items)
 

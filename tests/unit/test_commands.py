@@ -28,6 +28,7 @@ from zdmq.errors import (
 from zdmq.models import QueueSettings
 from zdmq.raft.sim_queue import plain, state_view
 from zdmq.server.machine import (
+    CancelMessage,
     Command,
     DropEmpty,
     Expire,
@@ -92,13 +93,34 @@ class Cluster:
                 mid = f"m{rng.randint(1, self.n)}" if rng.random() < 0.2 else f"m{self.n}"
                 items.append((mid, f"body {self.n}".encode(), rng.choice([None, "text/plain"])))
             dedup = rng.random() < 0.3
-            cmd = Push(q, [(m, b, ct, dedup) for m, b, ct in items], self.now, 64, 30.0)
+            if rng.random() < 0.5:
+                cmd = Push(q, [(m, b, ct, dedup) for m, b, ct in items], self.now, 64, 30.0)
+            else:  # with priorities, deadlines, delays and attributes
+                options = [
+                    (
+                        rng.choice([0, 0, 2, 9]),
+                        rng.choice([0.0, self.now + 2.0, self.now + 30.0]),
+                        rng.choice([0.0, 0.0, 3.0]),
+                        rng.choice([None, '{"a":"b"}']),
+                    )
+                    for _ in items
+                ]
+                pushed = [(*i, dedup, *o) for i, o in zip(items, options, strict=True)]
+                cmd = Push(q, pushed, self.now, 64, 30.0)
             self.run(cmd)
         elif kind == 1:  # pop or receive
             lease_s = rng.choice([None, 5.0, 20.0])
             token_base = f"{rng.getrandbits(48):012x}"
             taken: list[Taken] = self.run(
-                Take(q, rng.randint(1, 3), self.now, rng.choice([None, 50.0]), lease_s, token_base)
+                Take(
+                    q,
+                    rng.randint(1, 3),
+                    self.now,
+                    rng.choice([None, 50.0]),
+                    lease_s,
+                    token_base,
+                    rng.choice([0, 0, 2]),
+                )
             )
             self.leases += [(q, t.id, t.token) for t in taken if t.token is not None]
         elif kind == 2 and self.leases:  # ack, nack or extend leases handed out
@@ -141,10 +163,12 @@ class Cluster:
             self.run(Meta([op], max_queues=2))
         elif kind == 6:
             self.run(rng.choice([PurgeQueue(q), DropEmpty(q)]))
+        elif kind == 7:  # cancel a message, perhaps one delivered, leased or cancelled
+            self.run(CancelMessage(q, f"m{rng.randint(1, max(self.n, 1))}"))
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32), steps=st.lists(st.integers(0, 6), min_size=10, max_size=120))
+@given(seed=st.integers(0, 2**32), steps=st.lists(st.integers(0, 7), min_size=10, max_size=120))
 def test_replicas_fed_the_same_commands_agree_on_every_result_and_the_whole_state(
     seed: int, steps: list[int]
 ) -> None:
@@ -264,3 +288,56 @@ def test_topic_ops_keep_their_own_namespace_and_refuse_what_does_not_apply() -> 
 def test_bytes_that_are_not_a_command_raise_value_error(data: bytes) -> None:
     with pytest.raises(ValueError, match="not a command"):
         decode_command(data)
+
+
+def test_delivery_is_by_priority_then_deadline_then_arrival_and_past_deadlines_expire() -> None:
+    state = NodeState()
+    items = [
+        ("a", b"", None, False, 0, 0.0, 0.0, None),
+        ("b", b"", None, False, 5, 0.0, 0.0, None),
+        ("c", b"", None, False, 5, 9.0, 0.0, '{"k":"v"}'),
+        ("d", b"", None, False, 5, 3.0, 0.0, None),
+        ("e", b"", None, False, 0, 2.0, 0.0, None),
+        ("f", b"", None, False, 9, 0.0, 4.0, None),  # delayed until 5.0
+        ("g", b"", None, False, 1, 0.0, 0.0, None),
+    ]
+    apply_command(state, Push("jobs", items, 1.0))
+    assert state.ready_list("jobs") == ["d", "c", "b", "g", "e", "a"]
+    assert apply_command(state, Take("jobs", 1, 1.5, None, None, "", 6)) == []
+    [c] = apply_command(state, Take("jobs", 1, 3.5, None, 5.0, "0123456789ab", 5))
+    # d's deadline (3.0) passed: dropped unseen on the way to c, and counted.
+    assert (c.id, c.priority, c.attributes) == ("c", 5, '{"k":"v"}')
+    assert state.counts("jobs")["expired"] == 1 and state.counts("jobs")["delayed"] == 1
+    assert apply_command(state, Housekeep(3.5, [])) == 1  # e, past 2.0
+    assert state.ready_list("jobs") == ["b", "g", "a"]
+    assert [t.id for t in apply_command(state, Take("jobs", 5, 6.0))] == ["f", "b", "g", "a"]
+    assert state.counts("jobs")["expired"] == 2
+
+
+def test_a_cancel_removes_a_waiting_message_refuses_a_leased_one_and_repeats_its_answer() -> None:
+    state = NodeState()
+    items = [(m, b"", None, False, 0, 0.0, delay, None) for m, delay in (("a", 0.0), ("b", 9.0))]
+    apply_command(state, Push("jobs", [*items, ("c", b"", None, False)], 1.0))
+    [t] = apply_command(state, Take("jobs", 1, 2.0, None, 30.0, "0123456789ab"))
+    assert t.id == "a"
+    verdicts = [apply_command(state, CancelMessage("jobs", m)) for m in ("a", "b", "c", "c", "x")]
+    assert verdicts == ["leased", "cancelled", "cancelled", "again", "unknown"]
+    assert state.stored() == 1 and list(state.cancelled) == ["b", "c"]
+
+
+def test_retention_drops_old_messages_of_every_priority_and_deadline_and_no_others() -> None:
+    state = NodeState()
+    old = [("o0", 0, 0.0), ("o5", 5, 0.0), ("od", 2, 500.0)]
+    apply_command(
+        state, Push("jobs", [(m, b"", None, False, p, d, 0.0, None) for m, p, d in old], 1.0)
+    )
+    young = [("y0", 0, 0.0), ("y5", 5, 0.0), ("yd", 2, 500.0)]
+    apply_command(
+        state, Push("jobs", [(m, b"", None, False, p, d, 0.0, None) for m, p, d in young], 50.0)
+    )
+    assert apply_command(state, Housekeep(70.0, [("jobs", 30.0)])) == 3
+    assert state.ready_list("jobs") == ["y5", "yd", "y0"]
+    assert state.counts("jobs")["expired"] == 0  # retention is not a deadline
+    # Nothing is due before the youngest would pass retention: the next sweep only looks.
+    assert apply_command(state, Housekeep(75.0, [("jobs", 30.0)])) == 0
+    assert state.queues["jobs"].retention_due == 80.0

@@ -79,6 +79,7 @@ def test_batched_receives_partly_acked_keep_the_live_leases_and_expire_exactly_t
         "in_flight": 0,
         "delayed": 0,
         "dead_lettered": 0,
+        "expired": 0,
     }
     assert state.lease_timer_pairs() == 0
 

@@ -26,7 +26,7 @@ from .views import all_ids, where
 
 T0 = 1000.0  # when the messages of a test are pushed and first leased
 VIS = 30.0  # the visibility timeout the tests lease with
-EMPTY = {"ready": 0, "in_flight": 0, "delayed": 0, "dead_lettered": 0}
+EMPTY = {"ready": 0, "in_flight": 0, "delayed": 0, "dead_lettered": 0, "expired": 0}
 
 
 class _Tokens:
@@ -374,7 +374,7 @@ def test_past_max_receives_the_message_moves_to_the_dead_letter_queue_with_its_i
     assert where(state, "dead") == (["older", "a"], set(), set())
     assert where(state, "jobs") == ([], set(), set())
     assert state.depth("jobs") == 0 and state.depth("dead") == 2
-    assert state.counts("jobs") == {**EMPTY, "dead_lettered": 1}
+    assert state.counts("jobs") == {**EMPTY, "dead_lettered": 1, "expired": 0}
     assert state.counts("dead") == {**EMPTY, "ready": 2}
     assert state.queues["jobs"].first_uuid is None
     # The old lease is over in the source queue; the DLQ delivers it afresh.
@@ -604,7 +604,13 @@ def test_counts_report_ready_in_flight_delayed_and_dead_lettered() -> None:
     state.requeue("jobs", "b", tb, T0 + 1, delay_s=60)  # b: delayed
     [(_, tc)] = _lease(state, tokens)
     state.requeue("jobs", "c", tc, T0 + 1, max_receives=1, dead_letter_queue="dead")  # c: dead
-    assert state.counts("jobs") == {"ready": 2, "in_flight": 1, "delayed": 1, "dead_lettered": 1}
+    assert state.counts("jobs") == {
+        "ready": 2,
+        "in_flight": 1,
+        "delayed": 1,
+        "dead_lettered": 1,
+        "expired": 0,
+    }
     assert state.depth("jobs") == 4
     assert state.counts("dead") == {**EMPTY, "ready": 1}
     assert state.depth("dead") == 1

@@ -53,6 +53,7 @@ def test_the_queue_clients_push_pop_receive_ack_and_dead_letter_through_the_faul
     assert sum(k.delivered for k in counts) > 150
     assert sum(k.acked for k in counts) > 30
     assert sum(k.dead_lettered for k in counts) > 0
+    assert sum(k.cancelled for k in counts) > 10
     # Calls whose node went down before they heard: the checker allows for them.
     assert sum(k.unknown for k in counts) > 50
 
@@ -100,9 +101,16 @@ def test_a_pop_that_leaves_its_message_to_come_back_is_caught(
         *,
         now: float = 0.0,
         retention_s: float | None = None,
+        min_priority: int = 0,
     ) -> tuple[list[Taken], list[Op]]:
         taken, ops = self.lease(
-            queue, limit, now=now, visibility_s=1.0, new_token=lambda: "t", retention_s=None
+            queue,
+            limit,
+            now=now,
+            visibility_s=1.0,
+            new_token=lambda: "t",
+            retention_s=None,
+            min_priority=min_priority,
         )
         return [t._replace(token=None) for t in taken], ops
 

@@ -11,10 +11,17 @@ says so.
 Queues: `jobs` dead-letters a message into `jobs-dlq` at the end of its 2nd delivery,
 `mail` at the end of its 1st; `jobs-dlq` requeues. The model's rules:
 
-* a push appends to its queue's ready list; a push by dedup id stores nothing while the
-  id is held anywhere or its dedup record is live (`until > now`);
-* a receive (or pop) takes up to k ready messages from the head; a receive leases each
-  until `now + visibility_s` and counts one more delivery;
+* a push appends to its queue's ready list (with a delay, it waits out the delay
+  first); a push by dedup id stores nothing while the id is held anywhere or its dedup
+  record is live (`until > now`);
+* ready messages are delivered by priority (high first), then deadline (earliest
+  first, none last), then the order they joined the ready list;
+* a receive (or pop) takes up to k ready messages of priority `min_priority` or more in
+  that order, dropping (and counting as expired) those whose deadline is `now` or
+  earlier on the way; a receive leases each until `now + visibility_s` and counts one
+  more delivery; the housekeeping pass drops every ready message past its deadline;
+* a cancel removes a ready or delayed message and remembers its id (a repeat answers
+  "again"); a leased one stays ("leased");
 * a lease is live while `now < until`: an ack, nack or extend takes effect only on a
   live lease of that queue and token, otherwise it is a no-op (`lease_expired`), so the
   first of ack / nack / expiry wins and an ack at or after `until` fails;
@@ -124,6 +131,9 @@ class _Msg:
     until: float = 0.0
     visible_at: float = 0.0
     origin: str | None = None
+    priority: int = 0
+    deadline: float = 0.0
+    attributes: str | None = None
 
 
 @dataclass
@@ -132,19 +142,33 @@ class _Model:
     ready: dict[str, list[str]] = field(default_factory=lambda: {q: [] for q in QUEUES})
     dedup: dict[str, tuple[str, float]] = field(default_factory=dict)
     events: int = 0  # pushes, requeues and moves so far
+    expired: Counter[str] = field(default_factory=Counter)
+    cancelled: dict[str, str] = field(default_factory=dict)
 
     def is_duplicate(self, mid: str, now: float) -> bool:
         rec = self.dedup.get(mid)
         return mid in self.msgs or (rec is not None and rec[1] > now)
 
     def push(
-        self, queue: str, mid: str, body: bytes, ctype: str | None, now: float, window: float
+        self,
+        queue: str,
+        mid: str,
+        body: bytes,
+        ctype: str | None,
+        now: float,
+        window: float,
+        options: tuple[int, float, float, str | None] = (0, 0.0, 0.0, None),
     ) -> None:
         assert mid not in self.msgs
         self.wake(now)  # what became ready before now queues ahead of the new message
         self.events += 1
-        self.msgs[mid] = _Msg(queue, body, ctype, now, self.events)
-        self.ready[queue].append(mid)
+        priority, deadline, delay_s, attrs = options
+        m = self.msgs[mid] = _Msg(queue, body, ctype, now, self.events)
+        m.priority, m.deadline, m.attributes = priority, deadline, attrs
+        if delay_s > 0:
+            m.where, m.visible_at = "delayed", now + delay_s
+        else:
+            self.ready[queue].append(mid)
         if window > 0:
             self.dedup[mid] = (queue, now + window)
 
@@ -159,10 +183,49 @@ class _Model:
             m.where = "ready"
             self.ready[m.queue].append(mid)
 
-    def take(self, queue: str, limit: int) -> list[str]:
-        got = self.ready[queue][:limit]
-        del self.ready[queue][:limit]
+    def ordered(self, queue: str) -> list[str]:
+        """The ready messages of `queue` in delivery order."""
+        ready = self.ready[queue]
+
+        def key(i: int) -> tuple[int, float, int]:
+            m = self.msgs[ready[i]]
+            return -m.priority, m.deadline or float("inf"), i
+
+        return [ready[i] for i in sorted(range(len(ready)), key=key)]
+
+    def take(self, queue: str, limit: int, now: float = 0.0, min_priority: int = 0) -> list[str]:
+        got: list[str] = []
+        for mid in self.ordered(queue):
+            m = self.msgs[mid]
+            if m.priority < min_priority or len(got) >= limit:
+                break
+            self.ready[queue].remove(mid)
+            if m.deadline and m.deadline <= now:
+                del self.msgs[mid]
+                self.expired[queue] += 1
+            else:
+                got.append(mid)
         return got
+
+    def expire_deadlines(self, now: float) -> None:
+        for q, ready in self.ready.items():
+            for mid in list(ready):
+                m = self.msgs[mid]
+                if m.deadline and m.deadline <= now:
+                    ready.remove(mid)
+                    del self.msgs[mid]
+                    self.expired[q] += 1
+
+    def cancel(self, queue: str, mid: str) -> str:
+        m = self.msgs.get(mid)
+        if m is None or m.queue != queue:
+            return "again" if self.cancelled.get(mid) == queue else "unknown"
+        if m.where == "leased":
+            return "leased"
+        self.remove(mid)
+        self.cancelled.pop(mid, None)
+        self.cancelled[mid] = queue
+        return "cancelled"
 
     def lease(self, mid: str, token: str, until: float) -> None:
         m = self.msgs[mid]
@@ -234,7 +297,7 @@ class _Model:
             if m.origin is not None:
                 origins[m.origin] += 1
         return {
-            "ready": {q: list(self.ready[q]) for q in QUEUES},
+            "ready": {q: self.ordered(q) for q in QUEUES},
             "leased": {
                 mid: (m.queue, m.token, m.until, m.count)
                 for mid, m in self.msgs.items()
@@ -248,12 +311,14 @@ class _Model:
                 for mid, m in self.msgs.items()
             },
             "dedup": dict(self.dedup),
+            "cancelled": dict(self.cancelled),
             "counts": {
                 q: {
                     "ready": len(self.ready[q]),
                     "in_flight": by["leased"][q],
                     "delayed": by["delayed"][q],
                     "dead_lettered": origins[q],
+                    "expired": self.expired[q],
                 }
                 for q in QUEUES
             },
@@ -307,6 +372,7 @@ def _observe(state: NodeState) -> dict[str, Any]:
             if m is not None
         },
         "dedup": dict(state.dedup),
+        "cancelled": dict(state.cancelled),
         "counts": {q: state.counts(q) for q in QUEUES},
         "depth": {q: state.depth(q) for q in QUEUES},
     }
@@ -391,10 +457,26 @@ class _NodeMachine(RuleBasedStateMachine):
         dedup_key=st.sampled_from([None, None, *DEDUP_KEYS]),
         batch=st.integers(1, 3),
         ctype=st.sampled_from([None, "text/plain"]),
+        priority=st.sampled_from([0, 0, 3, 7, 3]),
+        ttl_s=st.sampled_from([0.0, 0.0, 2.0, 1.0, 4.0]),
+        delay_s=st.sampled_from([0.0, 0.0, 0.0, 1.0, 0.5]),
+        attrs=st.sampled_from([None, '{"k":"v"}']),
     )
-    def push(self, queue: str, dedup_key: str | None, batch: int, ctype: str | None) -> None:
+    def push(
+        self,
+        queue: str,
+        dedup_key: str | None,
+        batch: int,
+        ctype: str | None,
+        priority: int = 0,
+        ttl_s: float = 0.0,
+        delay_s: float = 0.0,
+        attrs: str | None = None,
+    ) -> None:
         """A batch of pushes at one `now` in one commit, each with a fresh id, or all with
-        one dedup id (uuid5 of queue and key): then the batch stores it at most once."""
+        one dedup id (uuid5 of queue and key): then the batch stores it at most once.
+        Each has the batch's priority, deadline (`now + ttl_s`), delay and attributes."""
+        options = (priority, self.now + ttl_s if ttl_s else 0.0, delay_s, attrs)
         ops: list[Op] = []
         for _ in range(batch):
             self.pushed += 1
@@ -410,10 +492,10 @@ class _NodeMachine(RuleBasedStateMachine):
             if duplicate:  # the node's rule: a repeat stores nothing
                 _note("push by dedup id: duplicate")
                 continue
-            ops.append(
-                self.state.push(queue, mid, body, ctype, now=self.now, dedup_window_s=window)
+            ops += self.state.push_options(
+                queue, [(mid, body, ctype, window, *options)], now=self.now
             )
-            self.model.push(queue, mid, body, ctype, self.now, window)
+            self.model.push(queue, mid, body, ctype, self.now, window, options)
         self._commit(ops)
 
     @precondition(lambda self: self.model.msgs)  # no message yet: only push and advance
@@ -422,8 +504,9 @@ class _NodeMachine(RuleBasedStateMachine):
         queue=QUEUE,
         limit=st.integers(1, 3),
         visibility_s=VISIBILITIES,
+        min_priority=st.sampled_from([0, 0, 0, 3, 5]),
     )
-    def receive(self, queue: str, limit: int, visibility_s: float) -> Any:
+    def receive(self, queue: str, limit: int, visibility_s: float, min_priority: int = 0) -> Any:
         self._wake()
         got, ops = self.state.lease(
             queue,
@@ -432,9 +515,10 @@ class _NodeMachine(RuleBasedStateMachine):
             visibility_s=visibility_s,
             new_token=self._new_token,
             retention_s=None,
+            min_priority=min_priority,
         )
         self._commit(ops)
-        expected = self.model.take(queue, limit)
+        expected = self.model.take(queue, limit, self.now, min_priority)
         assert [t.id for t in got] == expected, f"received {got}, expected {expected}"
         out = []
         for t in got:
@@ -444,6 +528,7 @@ class _NodeMachine(RuleBasedStateMachine):
             self.model.lease(mid, token, self.now + visibility_s)
             want = self.model.msgs[mid]
             assert (t.body, t.receive_count) == (want.body, want.count), mid
+            assert (t.priority, t.attributes) == (want.priority, want.attributes), mid
             out.append(Receipt(queue, mid, token))
         return multiple(*out)
 
@@ -528,15 +613,29 @@ class _NodeMachine(RuleBasedStateMachine):
             self.model.msgs[mid].until = self.now + visibility_s
 
     @precondition(lambda self: self.model.msgs)  # no message yet: only push and advance
-    @rule(queue=QUEUE, limit=st.integers(1, 2))
-    def pop(self, queue: str, limit: int) -> None:
+    @rule(queue=QUEUE, limit=st.integers(1, 2), min_priority=st.sampled_from([0, 0, 4]))
+    def pop(self, queue: str, limit: int, min_priority: int = 0) -> None:
         self._wake()
-        got, ops = self.state.pop(queue, limit, now=self.now, retention_s=None)
+        got, ops = self.state.pop(
+            queue, limit, now=self.now, retention_s=None, min_priority=min_priority
+        )
         self._commit(ops)
-        expected = self.model.take(queue, limit)
+        expected = self.model.take(queue, limit, self.now, min_priority)
         assert [t.id for t in got] == expected, f"popped {got}, expected {expected}"
         for t in got:
             assert t.body == self.model.msgs.pop(t.id).body, t.id
+
+    @precondition(lambda self: self.model.msgs or self.model.cancelled)
+    @rule(queue=QUEUE, pick=PICK)
+    def cancel(self, queue: str, pick: int) -> None:
+        """Cancels a stored or an already cancelled message (in its queue, or not)."""
+        known = sorted({*self.model.msgs, *self.model.cancelled})
+        mid = known[pick % len(known)]
+        verdict = self.state.cancel(queue, mid)
+        assert verdict == self.model.cancel(queue, mid), f"cancel {mid} in {queue}: {verdict}"
+        _note(f"cancel: {verdict}")
+        if verdict == "cancelled":
+            self._commit([Remove(queue, mid, 0)])  # the op is written already: commit it
 
     @rule(dt=st.sampled_from([0.5, 0.25, 1.0, 3.0]))
     def advance(self, dt: float) -> None:
@@ -577,6 +676,8 @@ class _NodeMachine(RuleBasedStateMachine):
             _note(f"expiry: {outcome}")
             self._check_end(op, outcome, 0.0)
         if housekeeping:
+            ops += self.state.expired_by_deadline(self.now)
+            self.model.expire_deadlines(self.now)
             forget = self.state.forget_dedup(self.now)
             if forget is not None:
                 ops.append(forget)

@@ -30,7 +30,7 @@ from zdmq.server.state import (
     Unregister,
     Unsubscribe,
 )
-from zdmq.server.storage import MemoryStorage, SqliteStorage, open_storage
+from zdmq.server.storage import BODY_INLINE_MAX, MemoryStorage, SqliteStorage, open_storage
 
 from .views import all_ids, where
 
@@ -304,7 +304,13 @@ async def test_a_reopened_store_keeps_a_running_lease_with_its_token_and_deadlin
     m = _find(again, "a")
     assert (m.lease, m.lease_until, m.receive_count) == ("tok1", now + 900, 1)
     assert where(again, "jobs") == (["b"], {"a"}, set())
-    assert again.counts("jobs") == {"ready": 1, "in_flight": 1, "delayed": 0, "dead_lettered": 0}
+    assert again.counts("jobs") == {
+        "ready": 1,
+        "in_flight": 1,
+        "delayed": 0,
+        "dead_lettered": 0,
+        "expired": 0,
+    }
     # Still invisible to a new lease, and the lease monitor finds it due at its deadline.
     got, _ = again.lease("jobs", 5, now=time.time(), visibility_s=10_000, new_token=_tokens("x"))
     assert [t.id for t in got] == ["b"]
@@ -383,7 +389,13 @@ async def test_a_dead_lettered_message_is_in_the_dlq_with_its_origin_counted_aft
     assert (m.body, m.content_type, m.enqueued_at) == (b"poison", "text/plain", now + 1)
     assert where(again, "dead") == (["a"], set(), set())
     assert again.depth("jobs") == 0
-    assert again.counts("jobs") == {"ready": 0, "in_flight": 0, "delayed": 0, "dead_lettered": 1}
+    assert again.counts("jobs") == {
+        "ready": 0,
+        "in_flight": 0,
+        "delayed": 0,
+        "dead_lettered": 1,
+        "expired": 0,
+    }
     assert again.counts("dead")["ready"] == 1
 
     # Consumed from the DLQ: gone, and no longer counted against its origin after a reopen.
@@ -613,3 +625,39 @@ async def test_tombstones_are_kept_to_the_bound_and_a_create_removes_one(
     again = await _reopen(path)
     assert kept == {"q2": ("inc-2", 12.0), "q4": ("inc-4", 14.0)}
     assert again.tombstones == kept
+
+
+async def test_delivery_options_expired_counts_and_cancels_survive_a_reopen(
+    tmp_path: Path,
+) -> None:
+    """Priorities, deadlines, push delays and attributes (of a small body and of one kept
+    out of line), the queue's expired count and the cancelled ids are all on disk."""
+    storage = SqliteStorage(tmp_path / "zdmq.sqlite3", fsync=True)
+    state = storage.load()
+    now = time.time()
+    big = b"x" * (BODY_INLINE_MAX + 1)
+    ops: list[Op] = state.push_options(
+        "jobs",
+        [
+            ("plain", b"p", None, 0.0, 0, 0.0, 0.0, None),
+            ("high", b"h", None, 0.0, 7, 0.0, 0.0, '{"k":"v"}'),
+            ("big", big, None, 0.0, 7, now + 600, 0.0, '{"size":"big"}'),
+            ("gone", b"g", None, 0.0, 9, now - 1, 0.0, None),  # past its deadline
+            ("later", b"l", None, 0.0, 3, 0.0, 600.0, None),  # delayed 10 minutes
+            ("cancelled", b"c", None, 0.0, 0, 0.0, 0.0, None),
+        ],
+        now=now,
+    )
+    ops += state.expired_by_deadline(now)
+    assert state.cancel("jobs", "cancelled") == "cancelled"
+    again = await _commit_and_reopen(storage, ops)
+
+    assert where(again, "jobs") == (["big", "high", "plain"], set(), {"later"})
+    assert again.counts("jobs")["expired"] == 1
+    assert again.cancel("jobs", "cancelled") == "again"
+    taken, _ = again.pop("jobs", 3, now=now, min_priority=7)
+    assert [(t.id, t.priority, t.attributes) for t in taken] == [
+        ("big", 7, '{"size":"big"}'),
+        ("high", 7, '{"k":"v"}'),
+    ]
+    assert taken[0].body == big

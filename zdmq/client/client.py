@@ -9,6 +9,7 @@ one keep-alive connection pool:
               (+1 long poll on the metadata owner when `wait_s` > 0 and it was empty)
     ack/nack  grouped by the node each receipt's message id hashes to          1 per node
     extend
+    cancel    the node the message id hashes to                               1 call
 
 The metadata cache only steers guesses: a stale entry costs a call, never a wrong
 answer, because an empty node says so and the metadata owner is asked again. Every
@@ -24,7 +25,7 @@ import ssl
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -37,6 +38,7 @@ from zdmq.errors import InternalError, NodeUnavailable, ZdmqError
 from zdmq.hashing import Placement
 from zdmq.models import (
     BATCH_CONTENT_TYPE,
+    MAX_PRIORITY,
     MAX_RECEIVE,
     MAX_WAIT_S,
     SETTLED_KEY,
@@ -46,9 +48,13 @@ from zdmq.models import (
     QueueSettings,
     QueueStats,
     ReceivedMessage,
+    attributes_header,
     copy_message_id,
+    decode_attributes,
     decode_batch,
     dedup_message_id,
+    delivery_options,
+    encode_attributes,
     encode_batch,
     group_receipts,
     message_from_wire,
@@ -57,6 +63,7 @@ from zdmq.models import (
     new_message_ids,
     received_from_wire,
     validate_content_type,
+    validate_message_id,
     validate_queue_name,
 )
 from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
@@ -309,6 +316,7 @@ class Client:
                 int(j.get("in_flight", 0)),
                 int(j.get("delayed", 0)),
                 int(j.get("dead_lettered", 0)),
+                int(j.get("expired", 0)),
             ),
         )
 
@@ -341,6 +349,11 @@ class Client:
         *,
         content_type: str | None = None,
         dedup_id: str | None = None,
+        priority: int = 0,
+        deadline: float | None = None,
+        ttl_s: float | None = None,
+        delay_s: float | None = None,
+        attributes: Mapping[str, str] | None = None,
     ) -> str:
         """Stores one message on the node its id hashes to; returns the id.
 
@@ -348,12 +361,31 @@ class Client:
         retry lands on the same node and, inside the queue's dedup window, stores
         nothing and returns the original id. A `content_type` that is not a media type
         (`validate_content_type`) raises InvalidMessage before anything is sent.
+
+        `priority` (0..9, higher first), `deadline` (unix seconds) or `ttl_s` (seconds
+        from now; not both), `delay_s` (0..900: invisible until then) and `attributes`
+        (up to 16 string pairs, returned with every delivery) are checked here first
+        (BadRequest, InvalidAttributes).
         """
         validate_queue_name(queue)
         if content_type is not None:
             validate_content_type(content_type)
         data, ctype = _bytes(body, content_type)
         headers = {"Content-Type": ctype}
+        delivery_options(
+            priority=priority, deadline=deadline, ttl_s=ttl_s, delay_s=delay_s, now=time.time()
+        )
+        attrs = encode_attributes(dict(attributes) if attributes is not None else None)
+        if priority:
+            headers["zdmq-priority"] = str(priority)
+        if deadline is not None:
+            headers["zdmq-deadline"] = repr(float(deadline))
+        if ttl_s is not None:
+            headers["zdmq-ttl-s"] = repr(float(ttl_s))
+        if delay_s:
+            headers["zdmq-delay-s"] = repr(float(delay_s))
+        if attrs is not None:
+            headers["zdmq-attributes"] = attributes_header(attrs)
         if dedup_id is not None:
             msg_id = dedup_message_id(queue, dedup_id)
             headers["zdmq-dedup-id"] = dedup_id
@@ -377,6 +409,11 @@ class Client:
         bodies: Iterable[Body],
         *,
         dedup_ids: Sequence[str | None] | None = None,
+        priority: int | Sequence[int] = 0,
+        deadline: float | Sequence[float | None] | None = None,
+        ttl_s: float | Sequence[float | None] | None = None,
+        delay_s: float | Sequence[float | None] | None = None,
+        attributes: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None = None,
     ) -> list[str]:
         """Pushes a batch: one call per owning node, in parallel. The fresh messages of a
         batch share one node, drawn at random (new_message_ids), so without dedup ids a
@@ -384,29 +421,34 @@ class Client:
 
         Each node's part is split further only where it passes the batch limits
         (`max_batch_messages` messages, `max_request_bytes` bytes of the frame).
-        `dedup_ids`, when given, pairs a dedup id (or None) with each body.
+        `dedup_ids`, when given, pairs a dedup id (or None) with each body. The delivery
+        options (as for `push`) are one value for every message, or a sequence of one
+        value (or None) per message.
         """
         validate_queue_name(queue)
         self._begin("push_many")
         ids: list[str] = []
         # Per owner: (id, or None when the node derives it from the dedup id), body,
-        # content type (None: octets), dedup id.
+        # content type (None: octets), dedup id, then the delivery options.
         by_owner: defaultdict[str, list[_Item]] = defaultdict(list)
         bodies = list(bodies)
-        if dedup_ids is not None and len(dedup_ids) != len(bodies):
+        n = len(bodies)
+        if dedup_ids is not None and len(dedup_ids) != n:
             raise ValueError("dedup_ids must pair one dedup id (or None) with each body")
+        options = _options_each(n, priority, deadline, ttl_s, delay_s, attributes)
         owner_of = self.placement.owner
-        fresh = iter(self._fresh_ids(len(bodies) - _given(dedup_ids)))
+        fresh = iter(self._fresh_ids(n - _given(dedup_ids)))
         for i, body in enumerate(bodies):
             data, ctype = _bytes(body, None)
             dedup_id = dedup_ids[i] if dedup_ids is not None else None
+            extra = options[i] if options is not None else _PLAIN
             item: _Item
             if dedup_id is None:
                 msg_id = next(fresh)
-                item = (msg_id, data, None if ctype == _OCTET else ctype, None)
+                item = (msg_id, data, None if ctype == _OCTET else ctype, None, *extra)
             else:
                 msg_id = dedup_message_id(queue, dedup_id)
-                item = (None, data, None if ctype == _OCTET else ctype, dedup_id)
+                item = (None, data, None if ctype == _OCTET else ctype, dedup_id, *extra)
             ids.append(msg_id)
             by_owner[owner_of(msg_id)].append(item)
 
@@ -602,22 +644,33 @@ class Client:
         return Published.from_wire(reply.json())
 
     # ---- pop and receive -------------------------------------------------------------
-    async def pop(self, queue: str, *, wait_s: float = 0.0) -> Message | None:
+    async def pop(
+        self, queue: str, *, wait_s: float = 0.0, min_priority: int = 0
+    ) -> Message | None:
         """Removes and returns one message, or None when the queue is empty.
 
         With `wait_s` > 0 an empty queue is watched that long for a message to arrive
-        on any node (long polling).
+        on any node (long polling). With `min_priority` only messages of that priority
+        or more are taken. A node delivers its best messages first (priority, then
+        deadline, then arrival); there is no order across nodes.
         """
-        got = await self._take(queue, 1, "pop", wait_s=wait_s)
+        got = await self._take(queue, 1, "pop", wait_s=wait_s, min_priority=min_priority)
         return got[0] if got else None
 
     async def pop_many(
-        self, queue: str, max_messages: int = 100, *, wait_s: float = 0.0
+        self,
+        queue: str,
+        max_messages: int = 100,
+        *,
+        wait_s: float = 0.0,
+        min_priority: int = 0,
     ) -> list[Message]:
         """Removes up to `max_messages` messages from one node; [] when the queue is empty."""
         if not 1 <= max_messages <= self._max_batch:
             raise ValueError(f"max_messages must be in 1..{self._max_batch}")
-        return await self._take(queue, max_messages, "pop_many", wait_s=wait_s)
+        return await self._take(
+            queue, max_messages, "pop_many", wait_s=wait_s, min_priority=min_priority
+        )
 
     async def receive(
         self,
@@ -626,16 +679,39 @@ class Client:
         *,
         visibility_s: float | None = None,
         wait_s: float = 0.0,
+        min_priority: int = 0,
     ) -> list[ReceivedMessage]:
         """Leases up to `max_messages` messages (at-least-once): each stays invisible for
         `visibility_s` (default: the queue's visibility timeout) until acked, nacked,
-        extended or expired. [] when nothing arrives within `wait_s`."""
+        extended or expired. [] when nothing arrives within `wait_s`. With
+        `min_priority`, only messages of that priority or more."""
         if not 1 <= max_messages <= MAX_RECEIVE:
             raise ValueError(f"max_messages must be in 1..{MAX_RECEIVE}")
         got = await self._take(
-            queue, max_messages, "receive", receive=True, lease_s=visibility_s, wait_s=wait_s
+            queue,
+            max_messages,
+            "receive",
+            receive=True,
+            lease_s=visibility_s,
+            wait_s=wait_s,
+            min_priority=min_priority,
         )
         return got
+
+    async def cancel(self, queue: str, message_id: str) -> None:
+        """Removes a message not yet delivered (ready or delayed), on the node its id
+        hashes to. MessageNotFound if the queue holds no such message waiting (never
+        stored, or delivered); MessageLeased if it is received and not yet settled. A
+        repeated cancel of a message a cancel removed succeeds again."""
+        validate_queue_name(queue)
+        validate_message_id(message_id)
+        self._begin("cancel")
+        await self._call(
+            "cancel",
+            self.placement.owner(message_id),
+            "DELETE",
+            f"/v1/queues/{queue}/messages/{message_id}",
+        )
 
     async def ack(self, queue: str, receipts: str | Iterable[str]) -> AckResult:
         """Deletes leased messages. A receipt whose lease ended (expired, nacked, acked)
@@ -726,15 +802,20 @@ class Client:
         receive: bool = False,
         lease_s: float | None = None,
         wait_s: float = 0.0,
+        min_priority: int = 0,
     ) -> list[Any]:
         """Messages (ReceivedMessage with `receive`, else Message) from up to three calls."""
         validate_queue_name(queue)
         if not 0 <= wait_s <= MAX_WAIT_S:
             raise ValueError(f"wait_s must be in 0..{MAX_WAIT_S:g}")
+        if not 0 <= min_priority <= MAX_PRIORITY:
+            raise ValueError(f"min_priority must be in 0..{MAX_PRIORITY}")
         self._begin(op)
         params = {"max": str(limit)}
         if lease_s is not None:
             params["visibility_s"] = repr(float(lease_s))
+        if min_priority:
+            params["min_priority"] = str(min_priority)
         kind = "receive" if receive else "pop"
         started = time.monotonic()
         tried: set[str] = set()
@@ -829,7 +910,47 @@ class Client:
         return msgs
 
 
-_Item = tuple[str | None, bytes, str | None, str | None]  # id, body, content type, dedup id
+# id, body, content type, dedup id, priority, deadline, ttl_s, delay_s, attributes
+_Item = tuple[str | None, bytes, str | None, str | None, int, float, float, float, str | None]
+_Options = tuple[int, float, float, float, str | None]
+_PLAIN: _Options = (0, 0.0, 0.0, 0.0, None)
+
+
+def _each(value: Any, n: int, name: str) -> list[Any]:
+    """One value per message: `value` itself for all, or its items (a sequence of n)."""
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        if len(value) != n:
+            raise ValueError(f"{name} must pair one value with each body")
+        return list(value)
+    return [value] * n
+
+
+def _options_each(
+    n: int, priority: Any, deadline: Any, ttl_s: Any, delay_s: Any, attributes: Any
+) -> list[_Options] | None:
+    """Each message's checked (priority, deadline, ttl_s, delay_s, attributes) of a
+    push_many (0 for none), or None when no message has any."""
+    if not priority and deadline is None and ttl_s is None and not delay_s and not attributes:
+        return None
+    now = time.time()
+    out: list[_Options] = []
+    attrs_each = (
+        [attributes] * n if attributes is None or isinstance(attributes, Mapping) else attributes
+    )
+    if len(attrs_each) != n:
+        raise ValueError("attributes must pair one mapping (or None) with each body")
+    for p, d, t, delay, attrs in zip(
+        _each(priority, n, "priority"),
+        _each(deadline, n, "deadline"),
+        _each(ttl_s, n, "ttl_s"),
+        _each(delay_s, n, "delay_s"),
+        attrs_each,
+        strict=True,
+    ):
+        delivery_options(priority=p, deadline=d, ttl_s=t, delay_s=delay, now=now)
+        encoded = encode_attributes(dict(attrs) if attrs is not None else None)
+        out.append((p or 0, float(d or 0.0), float(t or 0.0), float(delay or 0.0), encoded))
+    return out
 
 
 def _given(dedup_ids: Sequence[str | None] | None) -> int:
@@ -839,15 +960,29 @@ def _given(dedup_ids: Sequence[str | None] | None) -> int:
 
 def _item_bytes(item: _Item) -> int:
     """An upper bound on what one message adds to a push frame."""
-    _, body, ctype, dedup_id = item
+    _, body, ctype, dedup_id, *_, attrs = item
     return (
-        52 + len(body) + (len(ctype) * 4 if ctype else 0) + (len(dedup_id) * 4 if dedup_id else 0)
+        88
+        + len(body)
+        + (len(ctype) * 4 if ctype else 0)
+        + (len(dedup_id) * 4 if dedup_id else 0)
+        + (len(attrs) * 4 if attrs else 0)
     )
 
 
 def _push_frame(items: Sequence[_Item]) -> bytes:
-    ids, bodies, ctypes, dedup_ids = zip(*items, strict=True)
-    return encode_batch(ids=ids, bodies=bodies, content_types=ctypes, dedup_ids=dedup_ids)
+    ids, bodies, ctypes, dedup_ids, prios, deadlines, ttls, delays, attrs = zip(*items, strict=True)
+    return encode_batch(
+        ids=ids,
+        bodies=bodies,
+        content_types=ctypes,
+        dedup_ids=dedup_ids,
+        priorities=prios,
+        deadlines=deadlines,
+        ttls=ttls,
+        delays=delays,
+        attributes=attrs,
+    )
 
 
 def _batches(sizes: list[int], max_count: int, max_bytes: int) -> Iterator[tuple[int, int]]:
@@ -915,19 +1050,21 @@ def _read_messages(reply: _http.Reply, receive: bool) -> list[Message] | list[Re
     if ids is None or bodies is None or None in ids:
         raise ValueError("a pop or receive reply frame without ids or bodies")
     ctypes = b.content_types or [None] * b.count
+    attrs = [decode_attributes(a) for a in b.attributes] if b.attributes else [{}] * b.count
+    prios = b.priorities or [0] * b.count
     if receive:
         receipts, counts = b.receipts, b.receive_counts
         if receipts is None or counts is None or None in receipts:
             raise ValueError("a receive reply frame without receipts")
         return [
-            ReceivedMessage(mid, body, receipt, count, ctype)  # type: ignore[arg-type]
-            for mid, body, receipt, count, ctype in zip(
-                ids, bodies, receipts, counts, ctypes, strict=True
+            ReceivedMessage(mid, body, receipt, count, ctype, a, p)
+            for mid, body, receipt, count, ctype, a, p in zip(
+                ids, bodies, receipts, counts, ctypes, attrs, prios, strict=True
             )
         ]
     return [
-        Message(mid, body, ctype)  # type: ignore[arg-type]
-        for mid, body, ctype in zip(ids, bodies, ctypes, strict=True)
+        Message(mid, body, ctype, a, p)  # type: ignore[arg-type]
+        for mid, body, ctype, a, p in zip(ids, bodies, ctypes, attrs, prios, strict=True)
     ]
 
 

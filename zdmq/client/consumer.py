@@ -139,6 +139,7 @@ class Consumer:
         shutdown_timeout_s: float = 30.0,
         burst: bool = False,
         handle_signals: bool = False,
+        min_priority: int = 0,
     ) -> None:
         """
         concurrency          handlers at once (with a handler), messages leased ahead (without)
@@ -149,6 +150,7 @@ class Consumer:
         shutdown_timeout_s   how long running handlers may take to finish on stop
         burst                stop once a receive finds the queue empty (drain and exit)
         handle_signals       stop gracefully on SIGTERM and SIGINT
+        min_priority         receive only messages of this priority or more (0..9)
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -163,6 +165,7 @@ class Consumer:
         self.shutdown_timeout_s = shutdown_timeout_s
         self.burst = burst
         self.handle_signals = handle_signals
+        self.min_priority = min_priority
         self._stopping = asyncio.Event()
         self._held: dict[str, ReceivedMessage] = {}  # receipt -> message, until settled
         self._ready: asyncio.Queue[ReceivedMessage] = asyncio.Queue()
@@ -301,6 +304,7 @@ class Consumer:
                     min(room, 100),
                     visibility_s=self.visibility_s,
                     wait_s=0.0 if self.burst else self.wait_s,
+                    min_priority=self.min_priority,
                 )
             except ZdmqError as e:
                 if not e.retriable:

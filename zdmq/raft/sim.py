@@ -872,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
             f"converged {r.steps_to_converge} steps after healing; queue calls "
             f"{r.queue.ok} ok, {r.queue.failed} failed, {r.queue.unknown} unknown: "
             f"{r.queue.pushed} pushed, {r.queue.delivered} delivered, {r.queue.acked} acked, "
-            f"{r.queue.dead_lettered} dead-lettered"
+            f"{r.queue.cancelled} cancelled, {r.queue.dead_lettered} dead-lettered"
         )
     return 0
 

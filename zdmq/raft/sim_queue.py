@@ -4,11 +4,13 @@ checker of what they were told.
 Every entry the simulation proposes is a command of zdmq/server/machine.py, and every
 simulated node applies the entries it applies to its own `NodeState` (the one a real
 member keeps per group), rebuilt from its durable state after a restart or a snapshot
-install. Clients push new ids, pop, receive with leases, ack and nack the leases they
-hold, and the proposing node's monitor expires the leases that ran out by its state
-(as a leader's does). A client's call is answered when the node it proposed to applies
-its entry: `ok` with that node's result; `fail` if another entry took its index (it can
-then never commit) or no node took it; unknown if the node went down first.
+install. Clients push new ids (half of them with a priority, a deadline, a delay or
+attributes), pop and receive (some with a `min_priority`), ack and nack the leases they
+hold and cancel messages; the proposing node's monitor expires the leases that ran out by
+its state and its sweep drops what passed its deadline (as a leader's do). A client's
+call is answered when the node it proposed to applies its entry: `ok` with that node's
+result; `fail` if another entry took its index (it can then never commit) or no node
+took it; unknown if the node went down first.
 
 At the end, once every node applied the same entries (sim.py checks that), the checker
 replays them on a fresh `NodeState` and requires:
@@ -21,8 +23,8 @@ replays them on a fresh `NodeState` and requires:
 - nothing acknowledged is lost: an id whose push was `ok` is still stored, or an entry
   removed it (a pop, an ack);
 - no pop is delivered twice: an id an `ok` pop handed out is never handed out again;
-- no ack is undone: an id whose ack was `ok` is never delivered by a call that started
-  after the ack's answer, and is not stored at the end.
+- no ack or cancel is undone: an id whose ack, or cancel, was `ok` is never delivered by
+  a call that started after its answer, and is not stored at the end.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ from typing import Any
 
 from zdmq.raft.storage import Entry
 from zdmq.server.machine import (
+    CancelMessage,
     Command,
     Expire,
+    Housekeep,
     Push,
     Settle,
     Take,
@@ -55,11 +59,17 @@ MAX_RECEIVES = 2
 
 def state_view(state: NodeState) -> Any:
     """Everything replicas of one group must agree on, as plain values."""
-    seqs = [seq for lq in state.queues.values() for seq in lq.ready]
+    seqs = [e[0] for lq in state.queues.values() for e in lq.ordered()]
     seqs += [m.seq for m in state.hot.values()]
     return (
         {
-            q: (list(lq.ready), sorted(lq.leased), sorted(lq.delayed), lq.first_uuid, lq.origins)
+            q: (
+                list(lq.ordered()),
+                sorted(lq.leased),
+                sorted(lq.delayed),
+                lq.first_uuid,
+                lq.origins,
+            )
             for q, lq in state.queues.items()
         },
         {
@@ -72,6 +82,8 @@ def state_view(state: NodeState) -> Any:
         {t: (m.created_at, list(m.subscriptions)) for t, m in state.topics.items()},
         dict(state.dedup),
         dict(state.dead_lettered),
+        dict(state.expired),
+        dict(state.cancelled),
         state.next_seq,
         state.rows.read(sorted(seqs)),
     )
@@ -94,7 +106,7 @@ def replay(entries: list[Entry] | tuple[Entry, ...]) -> NodeState:
 def stored_ids(state: NodeState) -> set[str]:
     ids = {mid for mid, _ in state.hot.items()}
     for lq in state.queues.values():
-        rows = state.rows.read(list(lq.ready))
+        rows = state.rows.read([e[0] for e in lq.ordered()])
         ids.update(row.id for row in rows.values())
     return ids
 
@@ -119,6 +131,7 @@ class QueueCounts:
     pushed: int = 0  # ids of ok pushes
     delivered: int = 0  # ids handed out by ok pops and receives
     acked: int = 0  # ids of ok acks that took effect
+    cancelled: int = 0  # ok cancels that removed a message
     dead_lettered: int = 0
 
 
@@ -136,6 +149,9 @@ class QueueClients:
     #: Leases handed out by ok receives and not yet acked or nacked by a client.
     leases: list[tuple[str, str, str]] = field(default_factory=list)
     ids: int = 0
+    #: The deadline each id was pushed with (a message may vanish once it passes).
+    deadlines: dict[str, float] = field(default_factory=dict)
+    cancels: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.seed}/queue")
@@ -150,15 +166,16 @@ class QueueClients:
         r = rng.random()
         kind = "push"
         cmd: Command | None = None
+        floor = rng.choice([0, 0, 0, 3])  # min_priority
         if r < 0.15:
             kind = "pop"
             q = DLQ if rng.random() < 0.2 else QUEUE
-            cmd = Take(q, rng.randint(1, 3), now)
+            cmd = Take(q, rng.randint(1, 3), now, None, None, "", floor)
         elif r < 0.35:
             kind = "receive"
             q = DLQ if rng.random() < 0.2 else QUEUE
             lease_s = rng.choice([10.0, 120.0, 400.0])
-            cmd = Take(q, rng.randint(1, 3), now, None, lease_s, f"c{n}.")
+            cmd = Take(q, rng.randint(1, 3), now, None, lease_s, f"c{n}.", floor)
         elif r < 0.7 and self.leases:
             picked = rng.sample(self.leases, min(len(self.leases), rng.randint(1, 3)))
             q = picked[0][0]
@@ -185,11 +202,32 @@ class QueueClients:
             elif state.delays_due(now):
                 kind = "wake"
                 cmd = Wake(now)
+        elif r < 0.85 and self.ids:
+            # Each id once: an entry's bytes are unique (the simulation checks that no
+            # entry is applied twice by its data).
+            mid = f"m{rng.randint(max(1, self.ids - 20), self.ids)}"
+            if mid not in self.cancels:
+                self.cancels.add(mid)
+                kind = "cancel"
+                cmd = CancelMessage(QUEUE, mid)
+        elif r < 0.88:
+            kind = "housekeep"  # the leader's sweep: drops what passed its deadline
+            cmd = Housekeep(now, [])
         if cmd is None:
-            items = []
+            items: list[tuple[Any, ...]] = []
             for _ in range(rng.randint(1, 3)):
                 self.ids += 1
-                items.append((f"m{self.ids}", b"", None, False))
+                mid = f"m{self.ids}"
+                if rng.random() < 0.5:
+                    items.append((mid, b"", None, False))
+                else:  # a priority, a deadline, a delay, attributes
+                    priority = rng.choice([0, 0, 3, 9])
+                    deadline = rng.choice([0.0, 0.0, now + 20.0, now + 200.0])
+                    delay = rng.choice([0.0, 0.0, 15.0])
+                    attributes = rng.choice([None, '{"k":"v"}'])
+                    items.append((mid, b"", None, False, priority, deadline, delay, attributes))
+                    if deadline:
+                        self.deadlines[mid] = deadline
             cmd = Push(QUEUE, items, now)
         data = encode_command(cmd)
         self.calls.append(_Call(kind, data, cmd, step))
@@ -250,6 +288,8 @@ class QueueClients:
                 removed.update(
                     mid for (mid, _), op in zip(cmd.leases, result, strict=True) if op is not None
                 )
+            elif type(cmd) is CancelMessage and result == "cancelled":
+                removed.add(cmd.id)
         for node, state in states.items():
             if state_view(state) != state_view(truth):
                 problems.append(f"{node}'s state is not the one its applied entries make")
@@ -274,12 +314,14 @@ class QueueClients:
             for (item, repeat) in zip(c.cmd.items, c.result, strict=True)  # type: ignore[union-attr]
             if not repeat
         }
-        lost = pushed - stored - removed
+        expired = {mid for mid, d in self.deadlines.items() if d <= truth.clock}
+        lost = pushed - stored - removed - expired
         if lost:
             problems.append(f"acknowledged pushes lost: {sorted(lost)[:5]}")
         # id -> the step the ok pop that handed it out, or its ok ack, was answered
         popped: dict[str, int] = {}
         acked: dict[str, int] = {}
+        cancelled: dict[str, int] = {}
         for c in told:
             if c.kind == "pop":
                 for t in c.result:
@@ -290,6 +332,8 @@ class QueueClients:
                 for (mid, _), op in zip(c.cmd.leases, c.result, strict=True):  # type: ignore[union-attr]
                     if op is not None:
                         acked[mid] = c.end
+            elif c.kind == "cancel" and c.result == "cancelled":
+                cancelled[c.cmd.id] = c.end  # type: ignore[union-attr]
         for c in told:
             if c.kind not in ("pop", "receive"):
                 continue
@@ -298,9 +342,11 @@ class QueueClients:
                     problems.append(f"{t.id} delivered again after an ok pop")
                 if t.id in acked and c.start > acked[t.id]:
                     problems.append(f"{t.id} delivered after its ack was answered")
-        undone = set(acked) & stored
+                if t.id in cancelled and c.start > cancelled[t.id]:
+                    problems.append(f"{t.id} delivered after its cancel was answered")
+        undone = (set(acked) | set(cancelled)) & stored
         if undone:
-            problems.append(f"acked ids stored at the end: {sorted(undone)[:5]}")
+            problems.append(f"acked or cancelled ids stored at the end: {sorted(undone)[:5]}")
         return problems
 
     def counts(self) -> QueueCounts:
@@ -314,6 +360,8 @@ class QueueClients:
                     k.delivered += len(c.result)
                 elif c.kind == "ack":
                     k.acked += sum(1 for op in c.result if op is not None)
+                elif c.kind == "cancel":
+                    k.cancelled += c.result == "cancelled"
                 if c.kind in ("nack", "expire"):
                     k.dead_lettered += sum(
                         1 for op in c.result if op is not None and type(op).__name__ == "DeadLetter"

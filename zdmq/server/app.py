@@ -37,7 +37,10 @@ from zdmq.errors import (
     BadRequest,
     BatchTooLarge,
     Forbidden,
+    InvalidAttributes,
     InvalidMessage,
+    MessageLeased,
+    MessageNotFound,
     MessageTooLarge,
     Misrouted,
     NodeUnavailable,
@@ -49,15 +52,21 @@ from zdmq.errors import (
 )
 from zdmq.models import (
     BATCH_CONTENT_TYPE,
+    MAX_PRIORITY,
     MAX_RECEIVE,
     MAX_VISIBILITY_S,
     MAX_WAIT_S,
     SETTLED_KEY,
+    Batch,
     QueueSettings,
+    attributes_header,
     copy_message_id,
+    decode_attributes,
     decode_batch,
     decode_body,
     dedup_message_id,
+    delivery_options,
+    encode_attributes,
     encode_batch,
     group_receipts,
     message_to_wire,
@@ -97,6 +106,13 @@ MEMBER = "member"
 CONFIG = "config"
 ID_HEADER = "zdmq-id"
 DEDUP_HEADER = "zdmq-dedup-id"
+# A single push's delivery options, and a single pop's priority and attributes.
+PRIORITY_HEADER = "zdmq-priority"
+DEADLINE_HEADER = "zdmq-deadline"
+TTL_HEADER = "zdmq-ttl-s"
+DELAY_HEADER = "zdmq-delay-s"
+ATTRIBUTES_HEADER = "zdmq-attributes"
+_OPTION_HEADERS = (PRIORITY_HEADER, DEADLINE_HEADER, TTL_HEADER, DELAY_HEADER, ATTRIBUTES_HEADER)
 OCTET = "application/octet-stream"
 
 
@@ -195,7 +211,14 @@ def _forwarded(request: Request) -> bool:
 def _relay(reply: _http.Reply) -> Response:
     """A forwarded call's reply, passed back as it came."""
     headers = {}
-    for name in ("Content-Type", ID_HEADER, "zdmq-receipt", "zdmq-receive-count"):
+    for name in (
+        "Content-Type",
+        ID_HEADER,
+        "zdmq-receipt",
+        "zdmq-receive-count",
+        PRIORITY_HEADER,
+        ATTRIBUTES_HEADER,
+    ):
         if name in reply.headers:
             headers[name] = reply.headers[name]
     return Response(status=reply.status, body=reply.body or None, headers=headers)
@@ -205,7 +228,7 @@ async def _forward(node: Node, owner: str, request: Request, body: bytes | None)
     if _forwarded(request):
         raise Misrouted(f"{node.id} does not own this call; {owner} does")
     headers = {}
-    for name in ("Content-Type", ID_HEADER, DEDUP_HEADER):
+    for name in ("Content-Type", ID_HEADER, DEDUP_HEADER, *_OPTION_HEADERS):
         if name in request.headers:
             headers[name] = request.headers[name]
     reply = await node.peer_call(owner, request.method, request.path_qs, data=body, headers=headers)
@@ -368,6 +391,7 @@ async def push(request: Request) -> Response:
     ctype = request.headers.get("Content-Type")
     if ctype is not None:
         validate_content_type(ctype)
+    options = _header_options(request)
     owner = node.placement.owner(msg_id)
     if owner != node.id:
         if _forwarded(request):
@@ -375,12 +399,72 @@ async def push(request: Request) -> Response:
         headers = {DEDUP_HEADER: dedup_id} if dedup_id is not None else {ID_HEADER: msg_id}
         if ctype is not None:
             headers["Content-Type"] = ctype
+        priority, deadline, delay_s, attrs = options
+        if priority:
+            headers[PRIORITY_HEADER] = str(priority)
+        if deadline:  # a ttl_s counts from here: it travels as a deadline
+            headers[DEADLINE_HEADER] = repr(deadline)
+        if delay_s:
+            headers[DELAY_HEADER] = repr(delay_s)
+        if attrs is not None:
+            headers[ATTRIBUTES_HEADER] = attributes_header(attrs)
         reply = await node.peer_call(
             owner, "POST", f"/v1/queues/{queue}/messages", data=body, headers=headers
         )
         return _relay(reply)
-    [dup] = await node.push_local(queue, [PushItem(msg_id, body, ctype, dedup_id is not None)])
+    item = PushItem(msg_id, body, ctype, dedup_id is not None, *options)
+    [dup] = await node.push_local(queue, [item])
     return _json({"id": msg_id, "duplicate": dup}, status=200 if dup else 201)
+
+
+def _header_number(request: Request, name: str) -> float | None:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    if not _DECIMAL.fullmatch(raw):
+        raise BadRequest(f"{name}: expected a number, got {raw[:40]!r}")
+    return float(raw)
+
+
+def _header_options(request: Request) -> tuple[int, float, float, str | None]:
+    """(priority, deadline, delay_s, attributes) of a single push, from its headers."""
+    headers = request.headers
+    raw_priority = headers.get(PRIORITY_HEADER)
+    priority: Any = None
+    if raw_priority is not None:
+        if not _DIGITS.fullmatch(raw_priority):
+            raise BadRequest(
+                f"{PRIORITY_HEADER}: expected an integer in 0..9, got {raw_priority[:40]!r}"
+            )
+        priority = int(raw_priority)
+    p, d, delay = delivery_options(
+        priority=priority,
+        deadline=_header_number(request, DEADLINE_HEADER),
+        ttl_s=_header_number(request, TTL_HEADER),
+        delay_s=_header_number(request, DELAY_HEADER),
+        now=time.time(),
+    )
+    attrs = None
+    raw_attrs = headers.get(ATTRIBUTES_HEADER)
+    if raw_attrs is not None:
+        try:
+            parsed = orjson.loads(raw_attrs)
+        except orjson.JSONDecodeError:
+            raise InvalidAttributes(f"{ATTRIBUTES_HEADER}: expected a JSON object") from None
+        attrs = encode_attributes(parsed)
+    return p, d, delay, attrs
+
+
+def _json_options(m: dict[str, Any], now: float) -> tuple[int, float, float, str | None]:
+    """(priority, deadline, delay_s, attributes) of one message of a JSON batch."""
+    p, d, delay = delivery_options(
+        priority=m.get("priority"),
+        deadline=m.get("deadline"),
+        ttl_s=m.get("ttl_s"),
+        delay_s=m.get("delay_s"),
+        now=now,
+    )
+    return p, d, delay, encode_attributes(m.get("attributes"))
 
 
 def _batch_items(
@@ -394,6 +478,7 @@ def _batch_items(
     if len(raw) > max_messages:
         raise BatchTooLarge(f"{len(raw)} messages is over the batch limit of {max_messages}")
     items: list[PushItem] = []
+    now = time.time()
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise InvalidMessage(f"messages[{i}]: expected an object")
@@ -401,6 +486,7 @@ def _batch_items(
             body = decode_body(m.get("body"), m.get("encoding", "utf-8"), max_bytes)
             dedup_id = m.get("dedup_id")
             mid = _item_id(queue, m.get("id"), dedup_id)
+            options = _json_options(m, now)
         except ZdmqError as e:
             e.message = f"messages[{i}]: {e.message}"
             raise
@@ -413,7 +499,7 @@ def _batch_items(
                 raise
         # Between nodes a dedup message travels by id, flagged (see _batch_wire).
         dedup = dedup_id is not None or (forwarded and m.get("dedup") is True)
-        items.append(PushItem(mid, body, ctype, dedup))
+        items.append(PushItem(mid, body, ctype, dedup, *options))
     return items
 
 
@@ -438,9 +524,13 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
         _check_content_types(b.content_types)
     ctypes = b.content_types or [None] * n
     dedups = b.dedup_ids
-    if ids is not None and dedups is None and None not in ids:
+    options = _frame_options(b)
+    if ids is not None and dedups is None and None not in ids and options is None:
         # The common case: the client gave every id.
-        return list(map(PushItem._make, zip(ids, bodies, ctypes, repeat(False))))
+        rows = zip(
+            ids, bodies, ctypes, repeat(False), repeat(0), repeat(0.0), repeat(0.0), repeat(None)
+        )
+        return list(map(PushItem._make, rows))
     items: list[PushItem] = []
     for i in range(n):
         dedup_id = dedups[i] if dedups is not None else None
@@ -449,8 +539,43 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
         except ZdmqError as e:
             e.message = f"messages[{i}]: {e.message}"
             raise
-        items.append(PushItem(mid, bodies[i], ctypes[i], dedup_id is not None))
+        extra = options[i] if options is not None else ()
+        items.append(PushItem(mid, bodies[i], ctypes[i], dedup_id is not None, *extra))
     return items
+
+
+def _frame_options(b: Batch) -> list[tuple[int, float, float, str | None]] | None:
+    """Each message's (priority, deadline, delay_s, attributes) of a push frame, checked;
+    None when the frame has none of those columns."""
+    columns = (b.priorities, b.deadlines, b.ttls, b.delays, b.attributes)
+    if all(c is None for c in columns):
+        return None
+    n, now = b.count, time.time()
+    out = []
+    for i in range(n):
+        try:
+            deadline = b.deadlines[i] if b.deadlines is not None else 0.0
+            ttl = b.ttls[i] if b.ttls is not None else 0.0
+            delay = b.delays[i] if b.delays is not None else 0.0
+            p, d, delay = delivery_options(
+                priority=b.priorities[i] if b.priorities is not None else None,
+                deadline=deadline or None,
+                ttl_s=ttl or None,
+                delay_s=delay or None,
+                now=now,
+            )
+            attrs = None
+            if b.attributes is not None and b.attributes[i] is not None:
+                try:
+                    parsed = orjson.loads(b.attributes[i] or "")
+                except orjson.JSONDecodeError:
+                    raise InvalidAttributes("attributes: expected a JSON object") from None
+                attrs = encode_attributes(parsed)
+        except ZdmqError as e:
+            e.message = f"messages[{i}]: {e.message}"
+            raise
+        out.append((p, d, delay, attrs))
+    return out
 
 
 def _check_content_types(ctypes: Sequence[str | None]) -> None:
@@ -490,6 +615,14 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
         m: dict[str, Any] = message_to_wire(item.id, item.body, item.content_type)
         if item.dedup:
             m["dedup"] = True
+        if item.priority:
+            m["priority"] = item.priority
+        if item.deadline:
+            m["deadline"] = item.deadline
+        if item.delay_s:
+            m["delay_s"] = item.delay_s
+        if item.attributes is not None:
+            m["attributes"] = decode_attributes(item.attributes)
         wire.append(m)
     return {"messages": wire}
 
@@ -524,8 +657,16 @@ async def push_batch(request: Request) -> Response:
             # A frame carries a dedup id, not the id derived from it: JSON says "dedup".
             reply = await node.peer_call(owner, "POST", path, json=_batch_wire(part))
         else:
-            ids, bodies, ctypes, _ = zip(*part, strict=True)
-            frame = encode_batch(ids=ids, bodies=bodies, content_types=ctypes)
+            ids, bodies, ctypes, _, prios, deadlines, delays, attrs = zip(*part, strict=True)
+            frame = encode_batch(
+                ids=ids,
+                bodies=bodies,
+                content_types=ctypes,
+                priorities=prios,
+                deadlines=deadlines,
+                delays=delays,
+                attributes=attrs,
+            )
             reply = await node.peer_call(owner, "POST", path, data=frame, headers=_FRAME)
         return int(reply.json().get("duplicates", 0))
 
@@ -540,13 +681,15 @@ def _deliveries(request: Request, got: list[Delivery], *, receive: bool) -> Resp
     if not got:
         frame = encode_batch(ids=[], bodies=[])
     else:
-        ids, bodies, ctypes, receipts, counts = zip(*got, strict=True)
+        ids, bodies, ctypes, receipts, counts, attrs, prios = zip(*got, strict=True)
         frame = encode_batch(
             ids=ids,
             bodies=bodies,
             content_types=ctypes,
             receipts=receipts if receive else None,
             receive_counts=counts if receive else None,
+            attributes=attrs,
+            priorities=prios,
         )
     return Response(body=frame, content_type=BATCH_CONTENT_TYPE)
 
@@ -556,6 +699,10 @@ def _delivery_wire(d: Delivery) -> dict[str, Any]:
     if d.receipt is not None:
         m["receipt"] = d.receipt
         m["receive_count"] = d.receive_count
+    if d.priority:
+        m["priority"] = d.priority
+    if d.attributes is not None:
+        m["attributes"] = decode_attributes(d.attributes)
     return m
 
 
@@ -570,6 +717,7 @@ async def _take(request: Request, *, receive: bool) -> list[Delivery]:
     limit = _int_param(request, "max", 1, 1, hi)
     lease_s = _float_param(request, "visibility_s", 0.0, MAX_VISIBILITY_S) if receive else None
     wait_s = _float_param(request, "wait_s", 0.0, MAX_WAIT_S) or 0.0
+    min_priority = _int_param(request, "min_priority", 0, 0, MAX_PRIORITY)
     if request.transport is None or request.transport.is_closing():
         # The caller reset the connection (zdmq's client resets a call it gave up on, a
         # timeout or a cancel, perhaps while it waited in the socket's queue): taking
@@ -584,11 +732,20 @@ async def _take(request: Request, *, receive: bool) -> list[Delivery]:
         raise BadRequest(f"{LISTED_HEADER}: expected 1, got {listed_raw!r}")
     if route == "local":
         listed = listed_raw == "1"
-        got = await node.take_local(queue, limit, lease_s=lease_s, receive=receive, listed=listed)
+        got = await node.take_local(
+            queue, limit, lease_s=lease_s, receive=receive, listed=listed, min_priority=min_priority
+        )
     elif _forwarded(request) and node.meta_owner(queue) != node.id:
         raise Misrouted(f"{node.id} is not the metadata owner of {queue!r}")
     else:
-        got = await node.routed_take(queue, limit, receive=receive, lease_s=lease_s, wait_s=wait_s)
+        got = await node.routed_take(
+            queue,
+            limit,
+            receive=receive,
+            lease_s=lease_s,
+            wait_s=wait_s,
+            min_priority=min_priority,
+        )
     if receive and got and request.transport.is_closing():
         # The caller reset the connection while its receive ran (a long poll it gave up
         # on, a consumer shutting down): nobody will handle these, so they are visible
@@ -606,7 +763,30 @@ async def pop(request: Request) -> Response:
     if not got:
         return Response(status=204)
     d = got[0]
-    return Response(body=d.body, headers={ID_HEADER: d.id, "Content-Type": d.content_type or OCTET})
+    headers = {ID_HEADER: d.id, "Content-Type": d.content_type or OCTET}
+    if d.priority:
+        headers[PRIORITY_HEADER] = str(d.priority)
+    if d.attributes is not None:
+        headers[ATTRIBUTES_HEADER] = attributes_header(d.attributes)
+    return Response(body=d.body, headers=headers)
+
+
+async def cancel(request: Request) -> Response:
+    """Cancels a message not yet delivered, on the node (group) that owns its id."""
+    node, queue = await _node(request), _queue(request)
+    mid = validate_message_id(request.match_info["id"])
+    owner = node.placement.owner(mid)
+    if owner != node.id:
+        return await _forward(node, owner, request, None)
+    verdict = await node.cancel_local(queue, mid)
+    if verdict == "leased":
+        raise MessageLeased(f"message {mid} is leased: ack or nack it, or wait for its lease")
+    if verdict == "unknown":
+        raise MessageNotFound(
+            f"queue {queue!r} holds no message {mid} waiting for delivery (never stored, "
+            "delivered, or cancelled too long ago)"
+        )
+    return Response(status=204)
 
 
 async def receive(request: Request) -> Response:
@@ -1262,8 +1442,8 @@ def _taking(params: frozenset[str], handler: Handler) -> Handler:
 
 # The query parameters each public call reads; the others read none.
 _QUERY: dict[Callable[..., Any], frozenset[str]] = {
-    pop: frozenset({"max", "wait_s"}),
-    receive: frozenset({"max", "visibility_s", "wait_s"}),
+    pop: frozenset({"max", "wait_s", "min_priority"}),
+    receive: frozenset({"max", "visibility_s", "wait_s", "min_priority"}),
     ack: frozenset({"delay_s"}),
     nack: frozenset({"delay_s"}),
     extend: frozenset({"delay_s", "visibility_s"}),
@@ -1355,6 +1535,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("GET", "/v1/queues/{queue}/metadata", queue_metadata, READ),
     ("POST", "/v1/queues/{queue}/messages", push, WRITE),
     ("POST", "/v1/queues/{queue}/batch", push_batch, WRITE),
+    ("DELETE", "/v1/queues/{queue}/messages/{id}", cancel, WRITE),
     ("POST", "/v1/queues/{queue}/pop", pop, READ),
     ("POST", "/v1/queues/{queue}/receive", receive, READ),
     ("POST", "/v1/queues/{queue}/ack", ack, READ),

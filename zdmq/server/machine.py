@@ -65,6 +65,7 @@ from zdmq.server.state import (
 )
 
 __all__ = [
+    "CancelMessage",
     "Command",
     "DropEmpty",
     "Expire",
@@ -84,7 +85,8 @@ __all__ = [
 
 # ---- commands --------------------------------------------------------------------------
 class Push(NamedTuple):
-    """Stores `items` (id, body, content type, dedup) in `queue`, all arriving at `now`.
+    """Stores `items` (id, body, content type, dedup, and optionally priority, deadline,
+    delay_s, attributes: see `push_options`) in `queue`, all arriving at `now`.
 
     Result: per item, whether it was a repeat that stored nothing (an id stored already,
     the same id twice in the batch, or a dedup id inside its window); or the error that
@@ -92,7 +94,7 @@ class Push(NamedTuple):
     """
 
     queue: str
-    items: Sequence[tuple[str, bytes, str | None, bool]]
+    items: Sequence[tuple[Any, ...]]
     now: float
     max_message_bytes: int | None = None
     dedup_window_s: float = 0.0
@@ -112,6 +114,7 @@ class Take(NamedTuple):
     retention_s: float | None = None
     lease_s: float | None = None
     token_base: str = ""
+    min_priority: int = 0  # only messages of this priority or more
 
 
 class Settle(NamedTuple):
@@ -151,8 +154,8 @@ class Wake(NamedTuple):
 
 class Housekeep(NamedTuple):
     """Drops ready messages older than their queue's retention (`retention`: queue ->
-    retention_s) and forgets dedup records whose window ended by `now`. Result: the
-    number of messages dropped."""
+    retention_s) and those past their deadline by `now` (counted expired), and forgets
+    dedup records whose window ended by `now`. Result: the number of messages dropped."""
 
     now: float
     retention: Sequence[tuple[str, float]]
@@ -202,7 +205,18 @@ class DropEmpty(NamedTuple):
     queue: str
 
 
-Command = Push | Take | Settle | Expire | Wake | Housekeep | Meta | PurgeQueue | DropEmpty
+class CancelMessage(NamedTuple):
+    """Deletes message `id` of `queue` unless it is leased now. Result: "cancelled",
+    "again" (cancelled before: its id is among the last CANCELS_KEPT cancelled),
+    "leased" or "unknown" (never stored, or delivered)."""
+
+    queue: str
+    id: str
+
+
+Command = (
+    Push | Take | Settle | Expire | Wake | Housekeep | Meta | PurgeQueue | DropEmpty | CancelMessage
+)
 
 
 def lease_tokens(base: str) -> Callable[[], str]:
@@ -236,33 +250,48 @@ def _push(state: NodeState, c: Push) -> list[bool] | ZdmqError:
     fresh = holders.count(None) == len(holders)
     # Check the whole batch before changing anything: a refused batch stores nothing.
     if not fresh or (limit is not None and max([len(i[1]) for i in items]) > limit):
-        for (mid, body, _, dedup), held in zip(items, holders, strict=True):  # first problem
+        for item, held in zip(items, holders, strict=True):  # the first problem
+            mid, body, _, dedup = item[:4]
             if limit is not None and len(body) > limit:
                 return MessageTooLarge(
                     f"message of {len(body)} bytes is over queue {queue!r}'s {limit}-byte limit"
                 )
             if held is not None and held != queue and not dedup:
                 return MessageIdConflict(f"message id {mid} is in use by another queue")
+    plain = not any([len(i) > 4 and (i[4] or i[5] or i[6] or i[7]) for i in items])
     if fresh and not any([i[3] for i in items]) and len({i[0] for i in items}) == len(items):
         # The common case: new ids, each once, no dedup windows.
-        state.push_many(queue, [(i[0], i[1], i[2], 0.0) for i in items], now=now)
+        if plain:
+            state.push_many(queue, [(i[0], i[1], i[2], 0.0) for i in items], now=now)
+        else:
+            state.push_options(queue, [(*i[:3], 0.0, *_options(i)) for i in items], now=now)
         return [False] * len(items)
     duplicate: list[bool] = []
     stored: set[str] = set()  # the same id twice in one batch is stored once
-    for (mid, body, content_type, dedup), held in zip(items, holders, strict=True):
+    for item, held in zip(items, holders, strict=True):
+        mid, body, content_type, dedup = item[:4]
         if held is not None or mid in stored or (dedup and state.in_dedup_window(mid, now)):
             duplicate.append(True)  # a retry or the same id twice: store it once
             continue
         duplicate.append(False)
         stored.add(mid)
         window = c.dedup_window_s if dedup else 0.0
-        state.push(queue, mid, body, content_type, now=now, dedup_window_s=window)
+        state.push_options(queue, [(mid, body, content_type, window, *_options(item))], now=now)
     return duplicate
+
+
+def _options(item: Sequence[Any]) -> tuple[int, float, float, str | None]:
+    """(priority, deadline, delay_s, attributes) of a Push item (defaults if it has none)."""
+    if len(item) == 4:
+        return 0, 0.0, 0.0, None
+    return item[4], item[5], item[6], item[7]
 
 
 def _take(state: NodeState, c: Take) -> list[Taken]:
     if c.lease_s is None:
-        popped, _ = state.pop(c.queue, c.limit, now=c.now, retention_s=c.retention_s)
+        popped, _ = state.pop(
+            c.queue, c.limit, now=c.now, retention_s=c.retention_s, min_priority=c.min_priority
+        )
         return popped
     leased, _ = state.lease(
         c.queue,
@@ -271,6 +300,7 @@ def _take(state: NodeState, c: Take) -> list[Taken]:
         visibility_s=c.lease_s,
         new_token=lease_tokens(c.token_base),
         retention_s=c.retention_s,
+        min_priority=c.min_priority,
     )
     return leased
 
@@ -323,8 +353,13 @@ def _housekeep(state: NodeState, c: Housekeep) -> int:
     dropped: list[Remove] = []
     for queue, retention_s in c.retention:
         dropped += state.expired_by_retention(queue, c.now, retention_s)
+    dropped += state.expired_by_deadline(c.now)
     state.forget_dedup(c.now)
     return len(dropped)
+
+
+def _cancel(state: NodeState, c: CancelMessage) -> str:
+    return state.cancel(c.queue, c.id)
 
 
 def _meta(state: NodeState, c: Meta) -> list[bool] | ZdmqError:
@@ -407,6 +442,7 @@ _APPLY: dict[type, Callable[[NodeState, Any], Any]] = {
     Meta: _meta,
     PurgeQueue: _purge,
     DropEmpty: _drop_empty,
+    CancelMessage: _cancel,
 }
 
 

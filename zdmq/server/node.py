@@ -27,6 +27,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+import orjson
+
 from zdmq import _http
 from zdmq.auth import NodeSigner, node_secret
 from zdmq.config import ClusterConfig
@@ -53,6 +55,7 @@ from zdmq.models import (
 )
 from zdmq.server.heap import Heap
 from zdmq.server.machine import (
+    CancelMessage,
     Command,
     DropEmpty,
     Expire,
@@ -103,6 +106,10 @@ class PushItem(NamedTuple):
     body: bytes
     content_type: str | None
     dedup: bool = False  # the id came from a dedup_id: repeats inside the window are dropped
+    priority: int = 0  # 0..9, higher first
+    deadline: float = 0.0  # unix seconds; 0: none
+    delay_s: float = 0.0  # invisible for this long after the push
+    attributes: str | None = None  # a JSON object of string keys and values
 
 
 class Delivery(NamedTuple):
@@ -113,6 +120,8 @@ class Delivery(NamedTuple):
     content_type: str | None
     receipt: str | None = None
     receive_count: int = 0
+    attributes: str | None = None  # a JSON object of string keys and values
+    priority: int = 0
 
 
 # How often the lease monitor looks at the clock at most, and how often it sweeps
@@ -712,7 +721,7 @@ class Node:
         # run on an empty UUID queue under the lock, so it cannot interleave here.
         settings = self.settings[queue]
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready
+        was_empty = lq is None or not lq.ready_count()
         duplicate: list[bool] = await self.execute(
             Push(queue, items, time.time(), settings.max_message_bytes, settings.dedup_window_s)
         )
@@ -720,7 +729,7 @@ class Node:
         self.counters["pushed"] += stored
         self.counters["duplicates"] += len(items) - stored
         lq = state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready:
+        if was_empty and lq is not None and lq.ready_count():
             self._notify_ready(queue)
         return duplicate
 
@@ -749,6 +758,7 @@ class Node:
         lease_s: float | None = None,
         receive: bool = False,
         listed: bool = False,
+        min_priority: int = 0,
     ) -> list[Delivery]:
         """Pops (or, with `receive`, leases) up to `limit` messages of this node's UUID
         queue; [] when it has no visible message.
@@ -764,7 +774,7 @@ class Node:
         state = self.state
         lq = state.queues.get(queue)
         now = time.time()
-        if lq is not None and (lq.ready or (lq.delayed and state.delays_due(now))):
+        if lq is not None and (lq.ready_count() or (lq.delayed and state.delays_due(now))):
             settings = self.settings.get(queue)
             if settings is None:
                 try:
@@ -778,7 +788,7 @@ class Node:
             if receive:
                 assert settings is not None
                 vis = lease_s if lease_s is not None else settings.visibility_timeout_s
-                cmd = Take(queue, limit, now, retention, vis, self._new_token()[:12])
+                cmd = Take(queue, limit, now, retention, vis, self._new_token()[:12], min_priority)
                 leased: list[Taken] = await self.execute(cmd)
                 # Every leased one has a token.
                 out = [
@@ -788,13 +798,20 @@ class Node:
                         t.content_type,
                         make_receipt(t.id, t.token or ""),
                         t.receive_count,
+                        t.attributes,
+                        t.priority,
                     )
                     for t in leased
                 ]
                 self.counters["received"] += len(out)
             else:
-                popped: list[Taken] = await self.execute(Take(queue, limit, now, retention))
-                out = [Delivery(t.id, t.body, t.content_type) for t in popped]
+                popped: list[Taken] = await self.execute(
+                    Take(queue, limit, now, retention, None, "", min_priority)
+                )
+                out = [
+                    Delivery(t.id, t.body, t.content_type, None, 0, t.attributes, t.priority)
+                    for t in popped
+                ]
                 self.counters["popped"] += len(out)
             if out:
                 return out
@@ -848,7 +865,7 @@ class Node:
             max_receives = settings.max_receives
             dlq = await self._dead_letter_target(queue, settings, [mid for _, mid, _ in leases])
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready
+        was_empty = lq is None or not lq.ready_count()
         cmd = Settle(
             queue,
             action,
@@ -874,7 +891,7 @@ class Node:
         dlqs = {op.dlq for op in ops if isinstance(op, DeadLetter)}
         self.counters["dead_lettered"] += sum(1 for op in ops if isinstance(op, DeadLetter))
         lq = self.state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready:
+        if was_empty and lq is not None and lq.ready_count():
             self._notify_ready(queue)
         for dlq in dlqs:
             self._notify_ready(dlq)
@@ -931,7 +948,7 @@ class Node:
                 continue
             self._monitor_retry_at.pop(queue, None)
             lq = state.queues.get(queue)
-            was_empty = lq is None or not lq.ready
+            was_empty = lq is None or not lq.ready_count()
             ops = await self.execute(Expire(queue, due, now, settings.max_receives, dlq))
             self.counters["expired"] += len(ops)
             self._after_requeue(queue, was_empty, ops)
@@ -943,7 +960,7 @@ class Node:
                 for queue, lq in state.queues.items()
                 if now >= lq.retention_due and (known := settings_of(queue)) is not None
             ]
-            if retention or state.dedup_due(now):
+            if retention or state.dedup_due(now) or state.deadlines_due(now):
                 dropped = await self.execute(Housekeep(now, retention))
                 self.counters["retention_dropped"] += dropped
 
@@ -1009,6 +1026,15 @@ class Node:
             n: int = await self.execute(PurgeQueue(queue))
             return n
 
+    async def cancel_local(self, queue: str, mid: str) -> str:
+        """Cancels message `mid` (this node owns its id) unless it is leased: the
+        verdict of CancelMessage."""
+        self._check_storage()
+        verdict: str = await self.execute(CancelMessage(queue, mid))
+        if verdict == "cancelled":
+            self.counters["cancelled"] += 1
+        return verdict
+
     def depth(self, queue: str) -> dict[str, int]:
         counts = self.state.counts(queue)
         counts["depth"] = self.state.depth(queue)
@@ -1023,6 +1049,7 @@ class Node:
         receive: bool = False,
         lease_s: float | None = None,
         wait_s: float = 0.0,
+        min_priority: int = 0,
     ) -> list[Delivery]:
         """A pop or receive on behalf of a caller that does not route itself (curl,
         Locust), or a client's long poll: here, then the nodes the metadata list names.
@@ -1037,9 +1064,13 @@ class Node:
         params = {"max": str(limit)}
         if lease_s is not None:
             params["visibility_s"] = repr(lease_s)
+        if min_priority:
+            params["min_priority"] = str(min_priority)
         while True:
             version = self._ready_version.get(queue, 0)
-            got = await self.take_local(queue, limit, lease_s=lease_s, receive=receive)
+            got = await self.take_local(
+                queue, limit, lease_s=lease_s, receive=receive, min_priority=min_priority
+            )
             if got:
                 return got
             meta = await self.metadata_via_owner(queue)
@@ -1119,7 +1150,7 @@ class Node:
                 continue
             if r["depth"]:
                 depth[node_id] = r["depth"]
-            for key in ("in_flight", "delayed", "dead_lettered"):
+            for key in ("in_flight", "delayed", "dead_lettered", "expired"):
                 totals[key] += r.get(key, 0)
         return {
             "queue": queue,
@@ -1127,6 +1158,7 @@ class Node:
             "in_flight": totals["in_flight"],
             "delayed": totals["delayed"],
             "dead_lettered": totals["dead_lettered"],
+            "expired": totals["expired"],
             "nodes": sorted(depth),
             "depth": depth,
             "registered": [e["node"] for e in meta["nodes"]],
@@ -1298,6 +1330,8 @@ def _deliveries_of(reply: _http.Reply) -> list[Delivery]:
                 b.content_types or [None] * n,
                 b.receipts or [None] * n,
                 b.receive_counts or [0] * n,
+                b.attributes or [None] * n,
+                b.priorities or [0] * n,
                 strict=True,
             ),
         )
@@ -1307,4 +1341,13 @@ def _deliveries_of(reply: _http.Reply) -> list[Delivery]:
 def _delivery_from_wire(item: dict[str, Any]) -> Delivery:
     m = message_from_wire(item)
     receipt, count = item.get("receipt"), int(item.get("receive_count", 0))
-    return Delivery(m.id, m.body, m.content_type, receipt, count)
+    attrs = item.get("attributes")
+    return Delivery(
+        m.id,
+        m.body,
+        m.content_type,
+        receipt,
+        count,
+        orjson.dumps(attrs).decode() if attrs else None,
+        int(item.get("priority", 0)),
+    )

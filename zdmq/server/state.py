@@ -8,9 +8,12 @@ sockets: every planner takes `now` (wall-clock seconds) from its caller, so test
 time by hand.
 
 Per queue a node holds:
-  * a UUID queue (`LocalQueue.ready`): its *ready* messages in arrival order, as flat
-    arrays of sequence number and arrival time (16 bytes a message), with an index of
-    their ids (`NodeState.ready_ids`, a 128-bit int per id) for duplicate checks;
+  * a UUID queue (`LocalQueue`): its *ready* messages in delivery order (priority, then
+    deadline, then the order they became ready). Those of priority 0 without a deadline,
+    most traffic, are `LocalQueue.ready`: flat arrays of sequence number and arrival time
+    (16 bytes a message); the others are kept apart and merged at take time (see
+    LocalQueue). An index of their ids (`NodeState.ready_ids`, a 128-bit int per id)
+    serves duplicate checks;
   * its leased messages (`LocalQueue.leased`): received, invisible until acked, released
     or expired; and its delayed ones (`LocalQueue.delayed`): nacked with a delay; these
     few have a `StoredMessage` each with their delivery state (`NodeState.hot`);
@@ -25,9 +28,10 @@ the queue's *metadata list* (`QueueMeta.nodes`) and settings; as the metadata ow
 a topic's name, the topic and its subscriptions (`TopicMeta`).
 
 A message's life:
-    Push -> ready -> Lease -> leased -> Remove (ack)
+    Push -> ready (or delayed, with a delay) -> Lease -> leased -> Remove (ack)
                                      -> Requeue (nack, expiry) -> ready or delayed
                                      -> DeadLetter (past max_receives) -> ready in the DLQ
+    ready or delayed -> Cancel; ready -> Remove(expired) once past its deadline
 The first of ack / nack / expiry to reach a lease wins: each names the lease token, and
 a planner acts only while the message still carries that token, so later ones are
 no-ops the caller reports as `lease_expired`. Expiry is decided by the clock, not by
@@ -50,7 +54,9 @@ from typing import Any, NamedTuple, Protocol
 from zdmq.models import QueueSettings
 
 __all__ = [
+    "CANCELS_KEPT",
     "TOMBSTONES_KEPT",
+    "Cancel",
     "CreateQueue",
     "CreateTopic",
     "DeadLetter",
@@ -66,6 +72,7 @@ __all__ = [
     "Op",
     "Purge",
     "Push",
+    "PushOptions",
     "QueueMeta",
     "ReadyQueue",
     "Register",
@@ -87,9 +94,15 @@ __all__ = [
 # older deleted queue unknown rather than deleted: it keeps those messages (an orphaned
 # queue, adopted if the name is created again) instead of purging them.
 TOMBSTONES_KEPT = 10_000
+# A node keeps the ids of its last this many cancelled messages (about 150 bytes each), so
+# that a repeated cancel of one of them answers as the first did.
+CANCELS_KEPT = 10_000
 
 
 # ---- operations ------------------------------------------------------------------------
+PushOptions = tuple[int, float, float, str | None]  # priority, deadline, visible_at, attributes
+
+
 class CreateQueue(NamedTuple):
     queue: str
     incarnation: str
@@ -152,10 +165,26 @@ class Push(NamedTuple):
     enqueued_at: float = 0.0
     # > 0: a dedup record keeps the id until then, even after the message is gone.
     dedup_until: float = 0.0
+    # None for a message without delivery options (most), else (priority 0..9, deadline
+    # or 0: never delivered from then on, visible_at: delayed until then if later than
+    # enqueued_at, attributes: a JSON object of strings or None).
+    options: PushOptions | None = None
 
 
 class Remove(NamedTuple):
-    """Deletes one stored message: a pop, an ack, or a message past its retention."""
+    """Deletes one stored message: a pop, an ack, a message past its retention, or
+    (`expired`) one past its deadline, counted in the queue's `expired`."""
+
+    queue: str
+    id: str
+    seq: int
+    expired: bool = False
+
+
+class Cancel(NamedTuple):
+    """Deletes a message that is ready or delayed (never a leased one) at its sender's
+    request, and records its id among the last `CANCELS_KEPT` cancelled ones, so that
+    a repeated cancel answers as the first did."""
 
     queue: str
     id: str
@@ -233,6 +262,7 @@ Op = (
     | Unsubscribe
     | Push
     | Remove
+    | Cancel
     | Purge
     | Lease
     | Extend
@@ -250,6 +280,8 @@ class Row(NamedTuple):
     body: bytes
     content_type: str | None
     receive_count: int
+    attributes: str | None = None
+    priority: int = 0
 
 
 class Rows(Protocol):
@@ -270,6 +302,8 @@ class Taken(NamedTuple):
     content_type: str | None
     receive_count: int
     token: str | None = None
+    attributes: str | None = None
+    priority: int = 0
 
 
 def id_key(mid: str) -> int | str:
@@ -302,9 +336,13 @@ class MemoryRows:
         rows, kind = self._rows, type(op)
         if kind is Push:
             assert isinstance(op, Push)
-            rows[op.seq] = Row(op.id, op.body, op.content_type, 0)
-        elif kind is Remove:
-            assert isinstance(op, Remove)
+            o = op.options
+            if o is None:
+                rows[op.seq] = Row(op.id, op.body, op.content_type, 0)
+            else:
+                rows[op.seq] = Row(op.id, op.body, op.content_type, 0, o[3], o[0])
+        elif kind is Remove or kind is Cancel:
+            assert isinstance(op, Remove | Cancel)
             rows.pop(op.seq, None)
         elif kind is Lease:
             assert isinstance(op, Lease)
@@ -326,21 +364,33 @@ class StoredMessage:
     storage; ready messages have no object at all (see ReadyQueue)."""
 
     __slots__ = (
+        "deadline",
         "enqueued_at",
         "lease",
         "lease_until",
         "origin",
+        "priority",
         "queue",
         "receive_count",
         "seq",
         "visible_at",
     )
 
-    def __init__(self, queue: str, seq: int, enqueued_at: float, receive_count: int) -> None:
+    def __init__(
+        self,
+        queue: str,
+        seq: int,
+        enqueued_at: float,
+        receive_count: int,
+        priority: int = 0,
+        deadline: float = 0.0,
+    ) -> None:
         self.queue = queue
         self.seq = seq
         self.enqueued_at = enqueued_at
         self.receive_count = receive_count
+        self.priority = priority
+        self.deadline = deadline
         self.lease: str | None = None  # the current lease's token
         self.lease_until = 0.0
         self.visible_at = 0.0
@@ -398,20 +448,44 @@ class ReadyQueue:
         return t
 
 
+# One ready message in delivery order, as `LocalQueue.ordered` walks them:
+# (seq, enqueued_at, priority, deadline; 0.0 for none).
+Ready = tuple[int, float, int, float]
+
+
 class LocalQueue:
-    """This node's UUID queue of one queue, with its leased and delayed messages."""
+    """This node's UUID queue of one queue, with its leased and delayed messages.
+
+    Ready messages are delivered by priority (high first), then deadline (earliest first;
+    none after every deadline), then the order they became ready. Most traffic has one
+    priority and no deadline: those messages (priority 0, no deadline) are `ready`, an
+    arrival-ordered ReadyQueue as cheap as a queue can be. The others are kept apart:
+    those without a deadline in a ReadyQueue per priority (`levels`), those with one in
+    a heap (`timed`) of (-priority, deadline, join, seq), `join` counting the order they
+    became ready. `placed` maps the seq of each message not in `ready` to
+    (priority, deadline, enqueued_at): it says where a message is, and a `timed` entry
+    whose seq it no longer holds is stale (skipped; seqs are never reused). A take
+    merges them (`ordered`); while `placed` is empty it reads `ready` alone, as a queue
+    without priorities always does.
+    """
 
     __slots__ = (
         "delayed",
         "first_uuid",
         "leased",
+        "levels",
         "origins",
+        "placed",
         "ready",
         "retention_due",
+        "timed",
     )
 
     def __init__(self) -> None:
         self.ready = ReadyQueue()
+        self.levels: dict[int, ReadyQueue] = {}
+        self.timed: list[tuple[int, float, int, int]] = []
+        self.placed: dict[int, tuple[int, float, float]] = {}
         self.leased: set[str] = set()
         self.delayed: set[str] = set()
         # The queue each ready message came from, for the ready ones that were
@@ -422,9 +496,85 @@ class LocalQueue:
         # as the last retention check knows (0: check at the next sweep).
         self.retention_due = 0.0
 
+    def ready_count(self) -> int:
+        return len(self.ready) + len(self.placed)
+
     def holds(self) -> int:
         """Every message of the queue on this node, visible or not."""
-        return len(self.ready) + len(self.leased) + len(self.delayed)
+        return len(self.ready) + len(self.placed) + len(self.leased) + len(self.delayed)
+
+    def join(self, seq: int, enqueued_at: float, priority: int, deadline: float, n: int) -> None:
+        """A message becomes ready; `n` orders it among those with a deadline."""
+        if not priority and not deadline:
+            self.ready.append(seq, enqueued_at)
+            return
+        self.placed[seq] = (priority, deadline, enqueued_at)
+        if deadline:
+            heapq.heappush(self.timed, (-priority, deadline, n, seq))
+        else:
+            level = self.levels.get(priority)
+            if level is None:
+                level = self.levels[priority] = ReadyQueue()
+            level.append(seq, enqueued_at)
+
+    def leave(self, seq: int) -> tuple[float, int, float]:
+        """Takes ready message `seq` out; its (enqueued_at, priority, deadline)."""
+        placed = self.placed.pop(seq, None) if self.placed else None
+        if placed is None:
+            return self.ready.remove(seq), 0, 0.0
+        priority, deadline, enqueued_at = placed
+        if deadline:
+            timed = self.timed
+            while timed and timed[0][3] not in self.placed:
+                heapq.heappop(timed)
+            if len(timed) > 64 and len(timed) > 2 * len(self.placed):
+                self.timed = [e for e in timed if e[3] in self.placed]
+                heapq.heapify(self.timed)
+        else:
+            level = self.levels[priority]
+            level.remove(seq)
+            if not level:
+                del self.levels[priority]
+        return enqueued_at, priority, deadline
+
+    def _timed_in_order(self) -> Iterator[tuple[int, float, int, int]]:
+        """The live entries of `timed` in order, without changing the heap: a walk of
+        its tree, smallest first (O(log k) an entry)."""
+        timed, placed = self.timed, self.placed
+        if not timed:
+            return
+        frontier = [(timed[0], 0)]
+        n = len(timed)
+        while frontier:
+            entry, i = heapq.heappop(frontier)
+            if entry[3] in placed:
+                yield entry
+            for j in (2 * i + 1, 2 * i + 2):
+                if j < n:
+                    heapq.heappush(frontier, (timed[j], j))
+
+    def ordered(self) -> Iterator[Ready]:
+        """The ready messages in delivery order, lazily (the queue must not change while
+        this runs)."""
+        placed = self.placed
+        levels = sorted(self.levels, reverse=True)
+        if self.ready:
+            levels.append(0)
+        timed = self._timed_in_order()
+        t = next(timed, None)
+        for p in levels:
+            while t is not None and -t[0] >= p:
+                seq = t[3]
+                yield seq, placed[seq][2], -t[0], t[1]
+                t = next(timed, None)
+            rq = self.levels[p] if p else self.ready
+            seqs, times = rq.seqs, rq.times
+            for j in range(rq.head, len(seqs)):
+                yield seqs[j], times[j], p, 0.0
+        while t is not None:
+            seq = t[3]
+            yield seq, placed[seq][2], -t[0], t[1]
+            t = next(timed, None)
 
 
 class QueueMeta:
@@ -516,10 +666,19 @@ class NodeState:
         self._lease_timer_pairs = 0
         self._lease_timers_max = 0
         self._delay_timers: list[tuple[float, int, str]] = []
-        # Ready messages being restored: (ready_at, seq, queue, enqueued_at, origin).
-        self._restoring: list[tuple[float, int, str, float, str | None]] = []
+        # Ready messages being restored:
+        # (ready_at, seq, queue, enqueued_at, origin, priority, deadline).
+        self._restoring: list[tuple[float, int, str, float, str | None, int, float]] = []
         # Messages held in dead-letter queues, by the queue they came from.
         self.dead_lettered: Counter[str] = Counter()
+        # Messages dropped unseen past their deadline, by queue (until it is purged).
+        self.expired: Counter[str] = Counter()
+        # The last CANCELS_KEPT cancelled ids, oldest first: id -> queue.
+        self.cancelled: dict[str, str] = {}
+        # Deadlines of ready messages: (deadline, seq, queue); stale once the message
+        # left ready (its queue's `placed` no longer holds the seq).
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._joins = 0  # counts messages with a deadline becoming ready (their order)
         self.next_seq = 1
         # The latest time a command applied here was stamped with (machine.py keeps it
         # from going back).
@@ -535,19 +694,39 @@ class NodeState:
         self.rows.write(op)
 
     def _apply_push(self, op: Push) -> None:
-        queue, mid, seq = op.queue, op.id, op.seq
+        queue, mid, seq, _, _, enqueued_at, dedup_until, options = op
         lq = self.queues.get(queue)
         if lq is None:
             lq = self.queues[queue] = LocalQueue()
         ready = lq.ready
-        if ready.head == len(ready.seqs) and not lq.leased and not lq.delayed:
-            lq.first_uuid = mid  # the UUID queue was empty (holds() == 0)
-        ready.seqs.append(seq)
-        ready.times.append(op.enqueued_at)
-        self.ready_ids[id_key(mid)] = queue
-        if op.dedup_until > 0:
-            self.dedup[op.id] = (op.queue, op.dedup_until)
-            heapq.heappush(self._dedup_heap, (op.dedup_until, op.id))
+        if ready.head == len(ready.seqs) and not lq.holds():
+            lq.first_uuid = mid  # the UUID queue was empty
+        if options is None:  # the common case: ready, FIFO
+            ready.seqs.append(seq)
+            ready.times.append(enqueued_at)
+            self.ready_ids[id_key(mid)] = queue
+            if dedup_until > 0:
+                self.dedup[mid] = (queue, dedup_until)
+                heapq.heappush(self._dedup_heap, (dedup_until, mid))
+            if seq >= self.next_seq:
+                self.next_seq = seq + 1
+            return
+        priority, deadline, visible_at, _ = options
+        if visible_at > enqueued_at:  # delayed from the start
+            m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, 0, priority, deadline)
+            m.visible_at = visible_at
+            lq.delayed.add(mid)
+            heapq.heappush(self._delay_timers, (visible_at, seq, mid))
+        elif priority or deadline:
+            self._join(lq, queue, seq, enqueued_at, priority, deadline)
+            self.ready_ids[id_key(mid)] = queue
+        else:
+            ready.seqs.append(seq)
+            ready.times.append(enqueued_at)
+            self.ready_ids[id_key(mid)] = queue
+        if dedup_until > 0:
+            self.dedup[mid] = (queue, dedup_until)
+            heapq.heappush(self._dedup_heap, (dedup_until, mid))
         if seq >= self.next_seq:
             self.next_seq = seq + 1
 
@@ -584,16 +763,16 @@ class NodeState:
         dlq = self._local(op.dlq)
         if not dlq.holds():
             dlq.first_uuid = op.id
-        dlq.ready.append(op.new_seq, op.moved_at)
+        self._join(dlq, op.dlq, op.new_seq, op.moved_at, m.priority, m.deadline)
         dlq.origins[op.new_seq] = op.queue
         self.ready_ids[id_key(op.id)] = op.dlq
 
-    def _apply_remove(self, op: Remove) -> None:
+    def _apply_remove(self, op: Remove | Cancel) -> None:
         lq = self.queues[op.queue]
         gone = self.hot.pop(op.id, None)
         if gone is None:
             del self.ready_ids[id_key(op.id)]
-            lq.ready.remove(op.seq)
+            lq.leave(op.seq)
             if lq.origins:
                 self._origin_gone(lq.origins.pop(op.seq, None))
         else:
@@ -603,6 +782,19 @@ class NodeState:
                 lq.delayed.discard(op.id)
             if gone.origin is not None:
                 self._origin_gone(gone.origin)
+        if type(op) is Remove:
+            if op.expired:
+                self.expired[op.queue] += 1
+        else:
+            self.restore_cancel(op.id, op.queue)
+
+    def restore_cancel(self, mid: str, queue: str) -> None:
+        """Records that `mid` was cancelled, dropping the oldest record past the bound."""
+        cancelled = self.cancelled
+        cancelled.pop(mid, None)
+        cancelled[mid] = queue
+        while len(cancelled) > CANCELS_KEPT:
+            del cancelled[next(iter(cancelled))]
 
     def _apply_purge(self, op: Purge) -> None:
         purged = self.queues.pop(op.queue, None)
@@ -613,11 +805,12 @@ class NodeState:
                     self._origin_gone(held.origin)
             for origin in purged.origins.values():
                 self._origin_gone(origin)
-            if purged.ready:
+            if purged.ready_count():
                 # One pass over the index: a purge is rare, ready messages are many.
                 self.ready_ids = {k: q for k, q in self.ready_ids.items() if q != op.queue}
         for mid in [k for k, (q, _) in self.dedup.items() if q == op.queue]:
             del self.dedup[mid]
+        self.expired.pop(op.queue, None)
 
     def _apply_forget_dedup(self, op: ForgetDedup) -> None:
         heap = self._dedup_heap
@@ -670,8 +863,10 @@ class NodeState:
     ) -> StoredMessage:
         """Takes a ready message out of its ready queue into `hot` (it leaves ready)."""
         del self.ready_ids[id_key(mid)]
-        enqueued_at = lq.ready.remove(seq)
-        m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, receive_count)
+        enqueued_at, priority, deadline = lq.leave(seq)
+        m = self.hot[mid] = StoredMessage(
+            queue, seq, enqueued_at, receive_count, priority, deadline
+        )
         if lq.origins:
             m.origin = lq.origins.pop(seq, None)
         return m
@@ -680,11 +875,26 @@ class NodeState:
         """A delayed message becomes ready: it leaves `hot` for the ready queue."""
         del self.hot[mid]
         lq.delayed.discard(mid)
-        lq.ready.append(m.seq, m.enqueued_at)
+        self._join(lq, m.queue, m.seq, m.enqueued_at, m.priority, m.deadline)
         lq.retention_due = 0.0  # an older message may now be ready
         if m.origin is not None:
             lq.origins[m.seq] = m.origin
         self.ready_ids[id_key(mid)] = m.queue
+
+    def _join(
+        self,
+        lq: LocalQueue,
+        queue: str,
+        seq: int,
+        enqueued_at: float,
+        priority: int,
+        deadline: float,
+    ) -> None:
+        """A message becomes ready in `lq` (see LocalQueue.join)."""
+        if deadline:
+            self._joins += 1
+            heapq.heappush(self._deadlines, (deadline, seq, queue))
+        lq.join(seq, enqueued_at, priority, deadline, self._joins)
 
     def _resequence(self, m: StoredMessage, new_seq: int) -> None:
         m.seq = new_seq
@@ -730,6 +940,8 @@ class NodeState:
         visible_at: float,
         origin: str | None,
         now: float,
+        priority: int = 0,
+        deadline: float = 0.0,
     ) -> None:
         """Rebuilds one stored message's place and delivery state, as of `now` (its
         body stays in storage).
@@ -742,7 +954,9 @@ class NodeState:
         if origin is not None:
             self.dead_lettered[origin] += 1
         if lease is not None or visible_at > now:
-            m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, receive_count)
+            m = self.hot[mid] = StoredMessage(
+                queue, seq, enqueued_at, receive_count, priority, deadline
+            )
             m.origin = origin
             if lease is not None:
                 m.lease, m.lease_until = lease, lease_until
@@ -755,7 +969,7 @@ class NodeState:
         else:
             # A message is ready from its push, or from the end of its last delay.
             ready_at = visible_at if visible_at > 0 else enqueued_at
-            self._restoring.append((ready_at, seq, queue, enqueued_at, origin))
+            self._restoring.append((ready_at, seq, queue, enqueued_at, origin, priority, deadline))
             self.ready_ids[id_key(mid)] = queue
         if seq >= self.next_seq:
             self.next_seq = seq + 1
@@ -768,12 +982,15 @@ class NodeState:
         same moment) or when it is moved to a dead-letter queue (its `enqueued_at` is the
         move). A requeue or a move gives the message a fresh seq, so among messages ready
         at the same moment seq is the order they joined in. Sorting by (that moment, seq)
-        rebuilds the live order.
+        rebuilds the live order, of each priority and of the messages with a deadline.
         """
         self._restoring.sort()
-        for _, seq, queue, enqueued_at, origin in self._restoring:
+        for _, seq, queue, enqueued_at, origin, priority, deadline in self._restoring:
             lq = self.queues[queue]
-            lq.ready.append(seq, enqueued_at)
+            if priority or deadline:
+                self._join(lq, queue, seq, enqueued_at, priority, deadline)
+            else:
+                lq.ready.append(seq, enqueued_at)
             if origin is not None:
                 lq.origins[seq] = origin
         self._restoring.clear()
@@ -834,6 +1051,38 @@ class NodeState:
             ops.append(op)
         return ops
 
+    def push_options(
+        self,
+        queue: str,
+        messages: Iterable[tuple[str, bytes, str | None, float, int, float, float, str | None]],
+        *,
+        now: float = 0.0,
+    ) -> list[Push]:
+        """As `push_many`, each message with its delivery options too: (id, body, content
+        type, dedup window, priority, deadline or 0, delay in seconds, attributes)."""
+        self.wake(now)
+        ops: list[Push] = []
+        for mid, body, content_type, window, priority, deadline, delay_s, attrs in messages:
+            visible_at = now + delay_s if delay_s > 0 else 0.0
+            options = (
+                (priority, deadline, visible_at, attrs)
+                if priority or deadline or visible_at or attrs is not None
+                else None
+            )
+            op = Push(
+                queue,
+                mid,
+                self.next_seq,
+                body,
+                content_type,
+                now,
+                now + window if window else 0.0,
+                options,
+            )
+            self.apply(op)
+            ops.append(op)
+        return ops
+
     def _take_ready(
         self,
         queue: str,
@@ -842,6 +1091,7 @@ class NodeState:
         retention_s: float | None,
         ops: list[Op],
         deliver: Callable[[int, Row], tuple[Op, Taken]],
+        min_priority: int = 0,
     ) -> list[Taken]:
         """Takes up to `limit` ready messages from the head, reading their rows, and
         drops those past retention on the way. `deliver` makes the op of each message
@@ -851,6 +1101,10 @@ class NodeState:
         if lq is None:
             return out
         self.wake(now)
+        if lq.placed or min_priority:
+            return self._take_ordered(
+                lq, queue, limit, now, retention_s, ops, deliver, min_priority
+            )
         ready = lq.ready
         head, end = ready.head, len(ready.seqs)
         if head == end:
@@ -879,6 +1133,48 @@ class NodeState:
             ops.append(op)
         return out
 
+    def _take_ordered(
+        self,
+        lq: LocalQueue,
+        queue: str,
+        limit: int,
+        now: float,
+        retention_s: float | None,
+        ops: list[Op],
+        deliver: Callable[[int, Row], tuple[Op, Taken]],
+        min_priority: int,
+    ) -> list[Taken]:
+        """`_take_ready` of a queue with priorities or deadlines: the ready messages in
+        delivery order (LocalQueue.ordered), of priority `min_priority` or more; those
+        past their deadline (dropped, counted expired) or retention go on the way."""
+        oldest = now - retention_s if retention_s is not None else None
+        plan: list[tuple[int, int]] = []  # (seq, 0 deliver / 1 retention / 2 deadline)
+        wanted = 0
+        for seq, enqueued_at, priority, deadline in lq.ordered():
+            if priority < min_priority or wanted >= limit or len(plan) >= limit + 10_000:
+                break
+            if deadline and deadline <= now:
+                plan.append((seq, 2))
+            elif oldest is not None and enqueued_at < oldest:
+                plan.append((seq, 1))
+            else:
+                plan.append((seq, 0))
+                wanted += 1
+        out: list[Taken] = []
+        if not plan:
+            return out
+        rows = self._rows([seq for seq, _ in plan])
+        for seq, why in plan:
+            row = rows[seq]
+            if why:
+                op: Op = Remove(queue, row.id, seq, why == 2)
+            else:
+                op, taken = deliver(seq, row)
+                out.append(taken)
+            self.apply(op)
+            ops.append(op)
+        return out
+
     @staticmethod
     def _plan_with_retention(
         ready: ReadyQueue, limit: int, oldest: float
@@ -902,7 +1198,13 @@ class NodeState:
         return rows
 
     def pop(
-        self, queue: str, limit: int, *, now: float = 0.0, retention_s: float | None = None
+        self,
+        queue: str,
+        limit: int,
+        *,
+        now: float = 0.0,
+        retention_s: float | None = None,
+        min_priority: int = 0,
     ) -> tuple[list[Taken], list[Op]]:
         """Removes up to `limit` ready messages from the head of this node's UUID queue.
 
@@ -911,11 +1213,12 @@ class NodeState:
         """
 
         def pop_one(seq: int, row: Row) -> tuple[Op, Taken]:
-            taken = Taken(row.id, row.body, row.content_type, row.receive_count)
+            taken = Taken(row[0], row[1], row[2], row[3], None, row[4], row[5])
             return Remove(queue, row.id, seq), taken
 
         ops: list[Op] = []
-        return self._take_ready(queue, limit, now, retention_s, ops, pop_one), ops
+        got = self._take_ready(queue, limit, now, retention_s, ops, pop_one, min_priority)
+        return got, ops
 
     def lease(
         self,
@@ -926,6 +1229,7 @@ class NodeState:
         visibility_s: float,
         new_token: Callable[[], str],
         retention_s: float | None = None,
+        min_priority: int = 0,
     ) -> tuple[list[Taken], list[Op]]:
         """Leases up to `limit` ready messages (each Taken carries its token) and
         returns the ops to persist."""
@@ -933,11 +1237,12 @@ class NodeState:
 
         def lease_one(seq: int, row: Row) -> tuple[Op, Taken]:
             token, count = new_token(), row.receive_count + 1
-            taken = Taken(row.id, row.body, row.content_type, count, token)
+            taken = Taken(row[0], row[1], row[2], count, token, row[4], row[5])
             return Lease(queue, row.id, seq, token, until, count), taken
 
         ops: list[Op] = []
-        return self._take_ready(queue, limit, now, retention_s, ops, lease_one), ops
+        got = self._take_ready(queue, limit, now, retention_s, ops, lease_one, min_priority)
+        return got, ops
 
     def current_lease(self, queue: str, mid: str, token: str, now: float) -> StoredMessage | None:
         """The message if `token` is its lease and the lease has not run out by `now`."""
@@ -1125,6 +1430,8 @@ class NodeState:
         ops: list[Remove] = []
         if lq is None or now < lq.retention_due:
             return ops
+        if lq.placed:
+            return self._expired_by_retention_placed(lq, queue, now, retention_s, limit)
         oldest, ready = now - retention_s, lq.ready
         n = 0
         while n < len(ready) and n < limit and ready.at(n)[1] < oldest:
@@ -1141,6 +1448,87 @@ class NodeState:
             ops.append(op)
         return ops
 
+    def _expired_by_retention_placed(
+        self, lq: LocalQueue, queue: str, now: float, retention_s: float, limit: int
+    ) -> list[Remove]:
+        """`expired_by_retention` of a queue with priorities or deadlines: the heads of
+        its ReadyQueues, and every message with a deadline (a heap is not in time order)."""
+        oldest = now - retention_s
+        seqs: list[int] = []
+        due = now + retention_s
+        for rq in (lq.ready, *lq.levels.values()):
+            i = 0
+            while i < len(rq) and len(seqs) < limit and rq.at(i)[1] < oldest:
+                seqs.append(rq.at(i)[0])
+                i += 1
+            if i < len(rq):
+                due = min(due, rq.at(i)[1] + retention_s)
+        for _, deadline, _, seq in lq.timed:
+            placed = lq.placed.get(seq)
+            if placed is None or placed[1] != deadline:
+                continue
+            if placed[2] < oldest and len(seqs) < limit:
+                seqs.append(seq)
+            else:
+                due = min(due, placed[2] + retention_s)
+        ops: list[Remove] = []
+        if not seqs:
+            lq.retention_due = due
+            return ops
+        rows = self._rows(seqs)
+        for seq in seqs:
+            op = Remove(queue, rows[seq].id, seq)
+            self.apply(op)
+            ops.append(op)
+        return ops
+
+    def deadlines_due(self, now: float) -> bool:
+        """Whether some ready message may be past its deadline by `now`."""
+        heap = self._deadlines
+        return bool(heap) and heap[0][0] <= now
+
+    def expired_by_deadline(self, now: float, limit: int = 10_000) -> list[Remove]:
+        """Removes ready messages whose deadline is `now` or earlier (counted expired)."""
+        heap = self._deadlines
+        ops: list[Remove] = []
+        found: list[tuple[str, int]] = []
+        while heap and heap[0][0] <= now and len(found) < limit:
+            deadline, seq, queue = heapq.heappop(heap)
+            lq = self.queues.get(queue)
+            placed = lq.placed.get(seq) if lq is not None else None
+            if placed is not None and placed[1] == deadline:
+                found.append((queue, seq))
+        if not found:
+            return ops
+        rows = self._rows([seq for _, seq in found])
+        for queue, seq in found:
+            op = Remove(queue, rows[seq].id, seq, True)
+            self.apply(op)
+            ops.append(op)
+        return ops
+
+    def cancel(self, queue: str, mid: str) -> str:
+        """Cancels message `mid` of `queue` if it is ready or delayed. Its verdict:
+        "cancelled", "leased", "again" (cancelled before, the record kept) or "unknown"."""
+        m = self.hot.get(mid)
+        if m is not None:
+            if m.queue != queue:
+                return "unknown"
+            if m.lease is not None:
+                return "leased"
+            self.apply(Cancel(queue, mid, m.seq))
+            return "cancelled"
+        if self.ready_ids.get(id_key(mid)) != queue:
+            return "again" if self.cancelled.get(mid) == queue else "unknown"
+        lq = self.queues[queue]
+        for seq, *_ in lq.ordered():
+            if self._rows([seq])[seq].id == mid:
+                break
+        else:  # pragma: no cover - the index and the queue disagree
+            raise AssertionError(f"message {mid} is indexed as ready in {queue} but is not there")
+        self.apply(Cancel(queue, mid, seq))
+        return "cancelled"
+
     def forget_dedup(self, now: float) -> ForgetDedup | None:
         if not self._dedup_heap or self._dedup_heap[0][0] >= now:
             return None
@@ -1156,7 +1544,11 @@ class NodeState:
         seqs: tuple[int, ...] = ()
         if lq is not None:
             hot = self.hot
-            seqs = (*lq.ready, *(hot[mid].seq for mid in (*lq.leased, *lq.delayed)))
+            seqs = (
+                *lq.ready,
+                *lq.placed,
+                *(hot[mid].seq for mid in (*lq.leased, *lq.delayed)),
+            )
         op = Purge(queue, seqs)
         self.apply(op)
         return op
@@ -1180,7 +1572,7 @@ class NodeState:
             return lq.first_uuid
         for mid in (*lq.leased, *lq.delayed):
             return mid
-        seq = lq.ready.at(0)[0]
+        seq = next(lq.ordered())[0]
         return self._rows([seq])[seq].id
 
     def find(self, mid: str) -> MessageView | None:
@@ -1205,8 +1597,7 @@ class NodeState:
         if queue is None:
             return None
         lq = self.queues[queue]
-        for i in range(len(lq.ready)):
-            seq, enqueued_at = lq.ready.at(i)
+        for seq, enqueued_at, *_ in lq.ordered():
             row = self._rows([seq])[seq]
             if row.id == mid:
                 origin = lq.origins.get(seq)
@@ -1227,9 +1618,9 @@ class NodeState:
     def ready_list(self, queue: str) -> list[str]:
         """The ids of the ready messages of `queue` in order (reads storage)."""
         lq = self.queues.get(queue)
-        if lq is None or not lq.ready:
+        if lq is None or not lq.ready_count():
             return []
-        seqs = list(lq.ready)
+        seqs = [seq for seq, *_ in lq.ordered()]
         rows = self._rows(seqs)
         return [rows[seq].id for seq in seqs]
 
@@ -1243,12 +1634,13 @@ class NodeState:
         if lq is None:
             ready = leased = delayed = 0
         else:
-            ready, leased, delayed = len(lq.ready), len(lq.leased), len(lq.delayed)
+            ready, leased, delayed = lq.ready_count(), len(lq.leased), len(lq.delayed)
         return {
             "ready": ready,
             "in_flight": leased,
             "delayed": delayed,
             "dead_lettered": self.dead_lettered.get(queue, 0),
+            "expired": self.expired.get(queue, 0),
         }
 
 
@@ -1257,6 +1649,7 @@ _APPLIERS: dict[type, Callable[[NodeState, Any], None]] = {
     Push: NodeState._apply_push,
     Lease: NodeState._apply_lease,
     Remove: NodeState._apply_remove,
+    Cancel: NodeState._apply_remove,
     Extend: NodeState._apply_extend,
     Requeue: NodeState._apply_requeue,
     DeadLetter: NodeState._apply_dead_letter,

@@ -43,7 +43,9 @@ import orjson
 from zdmq.errors import StorageFailed
 from zdmq.models import QueueSettings
 from zdmq.server.state import (
+    CANCELS_KEPT,
     TOMBSTONES_KEPT,
+    Cancel,
     CreateQueue,
     CreateTopic,
     DeadLetter,
@@ -82,7 +84,10 @@ CREATE TABLE IF NOT EXISTS messages (
     lease_until REAL NOT NULL DEFAULT 0,
     visible_at REAL NOT NULL DEFAULT 0,
     origin TEXT,
-    body_ref INTEGER  -- bodies.id of a body kept out of line (body is then empty), or NULL
+    body_ref INTEGER,  -- bodies.id of a body kept out of line (body is then empty), or NULL
+    priority INTEGER NOT NULL DEFAULT 0,
+    deadline REAL NOT NULL DEFAULT 0,  -- 0: none
+    attributes TEXT  -- a JSON object, or NULL
 );
 -- Bodies above BODY_INLINE_MAX, written with their message's row and deleted with it.
 -- id is the seq the message was pushed with; it never changes while the message lives.
@@ -124,6 +129,17 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     topic TEXT NOT NULL,
     queue TEXT NOT NULL,
     UNIQUE (topic, queue)
+);
+-- Messages dropped past their deadline, per queue (GET /v1/queues/{q}: expired).
+CREATE TABLE IF NOT EXISTS expired (
+    queue TEXT PRIMARY KEY,
+    n INTEGER NOT NULL
+);
+-- The last CANCELS_KEPT cancelled message ids, in order (n).
+CREATE TABLE IF NOT EXISTS cancelled (
+    n INTEGER PRIMARY KEY,
+    id TEXT NOT NULL,
+    queue TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS registrations (
     queue TEXT NOT NULL,
@@ -335,9 +351,9 @@ class SqliteStorage(Storage):
         refs = self._bodies.refs
         for row in conn.execute(
             "SELECT seq, queue, id, enqueued_at, receive_count, lease, lease_until, "
-            "visible_at, origin, body_ref FROM messages ORDER BY seq"
+            "visible_at, origin, body_ref, priority, deadline FROM messages ORDER BY seq"
         ):
-            seq, queue, mid, enqueued_at, count, lease, until, visible, origin, ref = row
+            seq, queue, mid, enqueued_at, count, lease, until, visible, origin, ref = row[:10]
             if ref is not None:
                 refs[seq] = ref
             state.restore(
@@ -351,8 +367,14 @@ class SqliteStorage(Storage):
                 visible_at=visible,
                 origin=origin,
                 now=now,
+                priority=row[10],
+                deadline=row[11],
             )
         state.finish_restore()
+        for queue, n in conn.execute("SELECT queue, n FROM expired"):
+            state.expired[queue] = n
+        for mid, queue in conn.execute("SELECT id, queue FROM cancelled ORDER BY n"):
+            state.restore_cancel(mid, queue)
         for mid, queue, until in conn.execute("SELECT id, queue, until FROM dedup ORDER BY until"):
             state.restore_dedup(mid, queue, until)
         _drop_orphan_bodies(conn, len(refs))
@@ -488,7 +510,11 @@ class SqliteStorage(Storage):
         for op in ops:
             cost = len(op.body) + _ROW_BYTES
             if cost <= room - used:
-                recent[op.seq] = make((op.id, op.body, op.content_type, 0))
+                o = op[7]  # Push's options
+                if o is None:
+                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, None, 0))
+                else:
+                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, o[3], o[0]))
                 used += cost
         self._recent_bytes += used
 
@@ -614,7 +640,7 @@ class SqliteStorage(Storage):
         for i in range(0, len(seqs), _READ_CHUNK):
             chunk = seqs[i : i + _READ_CHUNK]
             for r in conn.execute(_select_rows(len(chunk), joined), chunk):
-                out[r[4]] = make(r[:4])
+                out[r[6]] = make(r[:6])
         return out
 
     async def close(self) -> None:
@@ -639,7 +665,9 @@ def _select_rows(n: int, joined: bool = False) -> str:
         if joined
         else "body"
     )
-    columns = f"SELECT id, {body}, content_type, receive_count, seq FROM messages"
+    columns = (
+        f"SELECT id, {body}, content_type, receive_count, attributes, priority, seq FROM messages"
+    )
     if n == 1:
         return f"{columns} WHERE seq = ?"
     return f"{columns} WHERE seq IN ({','.join('?' * n)})"
@@ -704,6 +732,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
         ("lease_until", "REAL NOT NULL DEFAULT 0"),
         ("visible_at", "REAL NOT NULL DEFAULT 0"),
         ("origin", "TEXT"),
+        ("priority", "INTEGER NOT NULL DEFAULT 0"),
+        ("deadline", "REAL NOT NULL DEFAULT 0"),
+        ("attributes", "TEXT"),
     ):
         if column not in have:
             conn.execute(f"ALTER TABLE messages ADD COLUMN {column} {decl}")
@@ -734,12 +765,18 @@ _MAX_PIECE = 128
 def _insert_rows(n: int) -> str:
     # Each row binds its Push op's tuple as it is, by parameter number (?3 is the op's
     # third field), rather than a tuple of parameters built per row.
-    # Push is (queue, id, seq, body, content_type, enqueued_at, dedup_until): seven
-    # parameters a row, of which the seventh has no column.
+    # Push is (queue, id, seq, body, content_type, enqueued_at, dedup_until, options):
+    # eight parameters a row, of which the last two have no column (a message with
+    # options is written by _w_push's other statement).
     rows = ",".join(
-        f"(?{k + 1}, ?{k + 2}, ?{k + 3}, ?{k + 4}, ?{k + 5}, ?{k + 6})" for k in range(0, 7 * n, 7)
+        f"(?{k + 1}, ?{k + 2}, ?{k + 3}, ?{k + 4}, ?{k + 5}, ?{k + 6})"
+        for k in range(0, _PUSH_FIELDS * n, _PUSH_FIELDS)
     )
     return f"INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at) VALUES {rows}"
+
+
+_PUSH_FIELDS = len(Push._fields)
+assert _PUSH_FIELDS == 8
 
 
 @functools.lru_cache(maxsize=16)
@@ -762,21 +799,42 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
     large = [op for op in ops if len(op[3]) > inline_max]  # Push's fourth field is its body
     if large:
         inline = [op for op in ops if len(op[3]) <= inline_max]
+    options = [op for op in inline if op[7] is not None]  # Push's eighth field: its options
+    if options:
+        inline = [op for op in inline if op[7] is None]
+        conn.executemany(
+            "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, "
+            "priority, deadline, visible_at, attributes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(*op[:6], *op[7]) for op in options],
+        )
+    if large:
         # The body is stored under the seq it is pushed with: its id for good.
         conn.executemany(
             "INSERT INTO bodies (id, body) VALUES (?, ?)", [(op.seq, op.body) for op in large]
         )
         conn.executemany(
-            "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, body_ref) "
-            "VALUES (?, ?, ?, x'', ?, ?, ?)",
-            [(op.queue, op.id, op.seq, op.content_type, op.enqueued_at, op.seq) for op in large],
+            "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, body_ref, "
+            "priority, deadline, visible_at, attributes) "
+            "VALUES (?, ?, ?, x'', ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    op.queue,
+                    op.id,
+                    op.seq,
+                    op.content_type,
+                    op.enqueued_at,
+                    op.seq,
+                    *(op.options or (0, 0.0, 0.0, None)),
+                )
+                for op in large
+            ],
         )
         refs = bodies.refs
         for op in large:
             refs[op.seq] = op.seq
     for start, size in _pieces(len(inline)):
         params = list(chain.from_iterable(inline[start : start + size]))
-        params.pop()  # the last op's dedup_until: no placeholder takes it
+        del params[-2:]  # the last op's dedup_until and options: no placeholder takes them
         conn.execute(_insert_rows(size), params)
     dedup = [(op.id, op.queue, op.dedup_until) for op in ops if op.dedup_until > 0]
     if dedup:
@@ -822,17 +880,43 @@ def _w_forget_dedup(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOf
 
 
 def _w_remove(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
-    seqs = [op[2] for op in ops]  # Remove is (queue, id, seq)
+    seqs = [op[2] for op in ops]  # Remove is (queue, id, seq, expired)
     for start, size in _pieces(len(seqs)):
         conn.execute(_delete_rows(size), seqs[start : start + size])
     if bodies.refs:
         bodies.drop(conn, seqs)
+    expired = [op.queue for op in ops if op[3]]
+    if expired:
+        conn.executemany(
+            "INSERT INTO expired (queue, n) VALUES (?, 1) "
+            "ON CONFLICT (queue) DO UPDATE SET n = n + 1",
+            [(q,) for q in expired],
+        )
+
+
+def _w_cancel(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    seqs = [op.seq for op in ops]
+    conn.executemany("DELETE FROM messages WHERE seq = ?", [(s,) for s in seqs])
+    if bodies.refs:
+        bodies.drop(conn, seqs)
+    for op in ops:  # a repeat of a kept id moves it to the end, as in NodeState
+        conn.execute("DELETE FROM cancelled WHERE id = ?", (op.id,))
+        conn.execute(
+            "INSERT INTO cancelled (n, id, queue) "
+            "VALUES ((SELECT coalesce(max(n), 0) + 1 FROM cancelled), ?, ?)",
+            (op.id, op.queue),
+        )
+    conn.execute(
+        "DELETE FROM cancelled WHERE n NOT IN (SELECT n FROM cancelled ORDER BY n DESC LIMIT ?)",
+        (CANCELS_KEPT,),
+    )
 
 
 def _w_purge(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
     seqs = [s for op in ops for s in op.seqs]
     conn.executemany("DELETE FROM messages WHERE seq = ?", [(s,) for s in seqs])
     conn.executemany("DELETE FROM dedup WHERE queue = ?", [(op.queue,) for op in ops])
+    conn.executemany("DELETE FROM expired WHERE queue = ?", [(op.queue,) for op in ops])
     if bodies.refs:
         bodies.drop(conn, seqs)
 
@@ -909,11 +993,12 @@ def _w_unsubscribe(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfL
 
 
 # Ops after which a cached row (SqliteStorage._recent) is stale or gone.
-_CHANGES_ROWS = frozenset({Lease, Remove, Requeue, DeadLetter, Purge})
+_CHANGES_ROWS = frozenset({Lease, Remove, Cancel, Requeue, DeadLetter, Purge})
 
 _WRITERS: dict[type, _Writer] = {
     Push: _w_push,
     Remove: _w_remove,
+    Cancel: _w_cancel,
     Purge: _w_purge,
     Register: _w_register,
     Unregister: _w_unregister,

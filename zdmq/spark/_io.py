@@ -403,12 +403,13 @@ async def _settle(
 def push_batches(
     layout: dict[str, Any],
     queue: str,
-    rows: Iterable[tuple[list[Any], list[str]]],
+    rows: Iterable[tuple[list[Any], list[str]] | tuple[list[Any], list[str], dict[str, Any]]],
     *,
     inflight: int,
 ) -> int:
-    """Pushes (bodies, dedup ids) chunks with up to `inflight` push_many calls at once.
-    Returns how many rows were pushed (duplicates the nodes dropped included)."""
+    """Pushes (bodies, dedup ids) chunks, or (bodies, dedup ids, push_many's delivery
+    options), with up to `inflight` push_many calls at once. Returns how many rows were
+    pushed (duplicates the nodes dropped included)."""
     loop = asyncio.new_event_loop()
     pushed = 0
     try:
@@ -425,13 +426,18 @@ def push_batches(
 
         async def feed(c: Client, running: set[asyncio.Future[list[str]]]) -> None:
             nonlocal pushed
-            for bodies, dedup_ids in rows:
+            for bodies, dedup_ids, *more in rows:
                 if len(running) >= inflight:
                     done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     for t in done:
                         running.discard(t)
                         pushed += len(t.result())
-                running.add(asyncio.ensure_future(c.push_many(queue, bodies, dedup_ids=dedup_ids)))
+                options: dict[str, Any] = more[0] if more else {}
+                running.add(
+                    asyncio.ensure_future(
+                        c.push_many(queue, bodies, dedup_ids=dedup_ids, **options)
+                    )
+                )
             while running:
                 t = running.pop()
                 pushed += len(await t)

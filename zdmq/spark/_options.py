@@ -13,11 +13,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from zdmq.models import MAX_RECEIVE, MAX_VISIBILITY_S, MAX_WAIT_S
+from zdmq.models import (
+    MAX_DELAY_S,
+    MAX_PRIORITY,
+    MAX_RECEIVE,
+    MAX_TTL_S,
+    MAX_VISIBILITY_S,
+    MAX_WAIT_S,
+)
 
 __all__ = [
     "DECODES",
     "MAX_MESSAGES_PER_BATCH",
+    "OPTION_COLUMNS",
     "ReadOptions",
     "WriteOptions",
     "node_shares",
@@ -27,6 +35,8 @@ __all__ = [
 ]
 
 DECODES = ("bytes", "utf-8", "json")
+# The columns a frame with a body column may give its rows' delivery options in.
+OPTION_COLUMNS = ("priority", "ttl_s", "delay_s", "attributes")
 # A streaming micro-batch is held in the reader's process until Spark commits it: bound it.
 MAX_MESSAGES_PER_BATCH = 100_000
 _MAX_INFLIGHT = 32
@@ -96,6 +106,12 @@ class WriteOptions:
                    queue's dedup window without storing any row twice.
     body_column    the column that holds the body (binary or string). Default: `body`
                    if the frame has one, else each row as a JSON object.
+    priority       every row's priority, 0..9 (0)
+    ttl_s          every row's deadline, as seconds from its push (none)
+    delay_s        every row's delay, 0..900 (none)
+    With a body column, the columns `priority` (int), `ttl_s`, `delay_s` (numbers) and
+    `attributes` (map<string,string>), when the frame has them, give each row its own
+    (a null takes the option's value).
     """
 
     queue: str
@@ -103,6 +119,9 @@ class WriteOptions:
     inflight: int = 4
     write_id: str | None = None
     body_column: str | None = None
+    priority: int = 0
+    ttl_s: float | None = None
+    delay_s: float | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> WriteOptions:
@@ -116,6 +135,9 @@ class WriteOptions:
             inflight=o.integer("inflight", 1, _MAX_INFLIGHT),
             write_id=write_id,
             body_column=o.text("body_column") or None,
+            priority=o.integer("priority", 0, MAX_PRIORITY),
+            ttl_s=o.number("ttl_s", 0.001, MAX_TTL_S) if o.given("ttl_s") else None,
+            delay_s=o.number("delay_s", 0.0, MAX_DELAY_S) if o.given("delay_s") else None,
         )
 
 

@@ -64,6 +64,7 @@ from zdmq.client import Client
 from zdmq.config import ClusterConfig
 from zdmq.spark import _io
 from zdmq.spark._options import (
+    OPTION_COLUMNS,
     ReadOptions,
     WriteOptions,
     node_shares,
@@ -390,16 +391,21 @@ class ZdmqWriter(DataSourceArrowWriter):
                     f"{body_type.simpleString()}, expected binary or string"
                 )
         self.dedup_column = "dedup_id" if "dedup_id" in names else None
+        # With a body column, these columns carry each row's delivery options.
+        self.option_columns = (
+            [c for c in OPTION_COLUMNS if c in names] if self.body_column is not None else []
+        )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         ctx = TaskContext.get()
         partition = ctx.partitionId() if ctx is not None else 0
         rows = 0
 
-        def chunks() -> Iterator[tuple[list[Any], list[str]]]:
+        def chunks() -> Iterator[tuple[list[Any], list[str], dict[str, Any]]]:
             nonlocal rows
             for batch in iterator:
                 bodies = self._bodies(batch)
+                options = self._options(batch)
                 if self.dedup_column is not None:
                     dedup = batch.column(self.dedup_column).to_pylist()
                     if None in dedup:  # str(None) would make every such row one message
@@ -414,11 +420,29 @@ class ZdmqWriter(DataSourceArrowWriter):
                         for i in range(len(bodies))
                     ]
                 rows += len(bodies)
-                for i in range(0, len(bodies), self.opts.batch_size):
-                    yield bodies[i : i + self.opts.batch_size], dedup[i : i + self.opts.batch_size]
+                size = self.opts.batch_size
+                for i in range(0, len(bodies), size):
+                    part = {
+                        k: v[i : i + size] if isinstance(v, list) else v for k, v in options.items()
+                    }
+                    yield bodies[i : i + size], dedup[i : i + size], part
 
         _io.push_batches(self.layout, self.opts.queue, chunks(), inflight=self.opts.inflight)
         return _Pushed(partition, rows)
+
+    def _options(self, batch: pa.RecordBatch) -> dict[str, Any]:
+        """push_many's delivery options for a batch of rows: the write options, or per row
+        where the frame has an option column (a null row takes the write option)."""
+        o = self.opts
+        options: dict[str, Any] = {"priority": o.priority, "ttl_s": o.ttl_s, "delay_s": o.delay_s}
+        for name in self.option_columns:
+            values = batch.column(name).to_pylist()
+            if name == "attributes":
+                options[name] = [dict(v) if v is not None else None for v in values]
+            else:
+                default = options[name]
+                options[name] = [default if v is None else v for v in values]
+        return options
 
     def _bodies(self, batch: pa.RecordBatch) -> list[Any]:
         import orjson
