@@ -580,6 +580,7 @@ def test_the_package_exports_exactly_its_public_names() -> None:
         "driver",
         "identity",
         "sim",
+        "sim_queue",
         "sqlite_storage",
         "storage",
     } == set(zdmq.raft.__all__)
