@@ -51,7 +51,7 @@ def _app_routes(config: ClusterConfig) -> set[tuple[str, str]]:
     """(METHOD, pattern) of every route the app serves, `{queue}` as in its table."""
     app = make_app(config, "n1")
     routes = {(m, path) for path, methods in app._exact.items() for m in methods}
-    for compiled, methods in app._routes:
+    for compiled, methods, _ in app._routes:
         pattern = re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", compiled.pattern)
         routes |= {(m, pattern.strip("^$")) for m in methods}
     return routes
