@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTENT_TYPE", "MAX_QUEUES", "MESSAGE_EVENTS", "OTHER_QUEUE", "NodeMetrics"]
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST  # text exposition format 0.0.4
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text exposition format 0.0.4
 MAX_QUEUES = 1000  # queues with series of their own, per node
 OTHER_QUEUE = "_other"  # the label value of every queue past MAX_QUEUES
 UNMATCHED_ROUTE = "_unmatched"  # the route label of a request no route matched

@@ -419,6 +419,7 @@ class Node:
                 raise QueueExists(f"queue {queue!r} already exists")
         op = CreateQueue(queue, uuid.uuid4().hex, time.time(), settings)
         await self.execute(Meta((op,), self.config.limits.max_queues))
+        log.info("queue %s created", queue, extra={"event": "queue_created", "queue": queue})
         return op.incarnation
 
     async def drop_queue(self, queue: str) -> None:
@@ -426,6 +427,7 @@ class Node:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         op = DropQueue(queue, self.state.meta[queue].incarnation, time.time())
         await self.execute(Meta((op,)))
+        log.info("queue %s deleted", queue, extra={"event": "queue_deleted", "queue": queue})
         self._signal_ready(queue)  # waiters wake and find the queue gone
         self._ready_version.pop(queue, None)
         self._ready_nodes.pop(queue, None)
