@@ -889,11 +889,10 @@ class Node:
 
     def _after_requeue(self, queue: str, was_empty: bool, ops: Sequence[Op]) -> None:
         dlqs = {op.dlq for op in ops if isinstance(op, DeadLetter)}
-        if dlqs:
-            moved = sum(1 for op in ops if isinstance(op, DeadLetter))
-            self.counters["dead_lettered"] += moved
-            if self.metrics is not None:
-                self.metrics.count("dead_lettered", queue, moved)
+        moved = sum(1 for op in ops if isinstance(op, DeadLetter))
+        self.counters["dead_lettered"] += moved
+        if moved and self.metrics is not None:
+            self.metrics.count("dead_lettered", queue, moved)
         lq = self.state.queues.get(queue)
         if was_empty and lq is not None and lq.ready:
             self._notify_ready(queue)
