@@ -83,6 +83,17 @@ def message_counters(urls: dict[str, str]) -> dict[str, int] | None:
     return total
 
 
+def save_metrics(urls: dict[str, str], out: Path) -> None:
+    """Each node's Prometheus metrics (GET /metrics) as the run left them, in
+    `out/metrics-<node>.prom`; a node that does not answer is left out."""
+    for node, url in urls.items():
+        try:
+            with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
+                (out / f"metrics-{node}.prom").write_bytes(reply.read())
+        except OSError:
+            continue
+
+
 # ---- cluster ----------------------------------------------------------------------------
 def cmd_cluster(args: argparse.Namespace) -> int:
     from zdmq.local import LocalCluster
@@ -184,6 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     wall_s = time.monotonic() - t0
     after = {n: cpu_user_sys_s(pid) for n, pid in nodes.items()}
     counted_after = message_counters(state["urls"])
+    save_metrics(state["urls"], Path(args.cpu).parent)
     messages = None
     if counted_before is not None and counted_after is not None:
         messages = {k: counted_after[k] - counted_before[k] for k in COUNTED}

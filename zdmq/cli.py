@@ -38,6 +38,7 @@ from zdmq.client import Client
 from zdmq.config import ClusterConfig
 from zdmq.errors import ConfigError, NodeUnavailable, ZdmqError
 from zdmq.local import LocalCluster
+from zdmq.logs import LOG_FORMAT_HELP, LOG_FORMATS
 
 __all__ = ["main"]
 
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("node", help="run one node")
     p.add_argument("--node", required=True, help="the node id in the cluster file")
     p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     p = sub.add_parser("status", help="nodes, replica groups, queues and rates")
     p.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
     p.add_argument("--json", action="store_true", help="print GET /v1/status's JSON")
@@ -187,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from zdmq.server.run import run_node
 
             config.node(args.node)
-            run_node(config, args.node, listen_fd=args.listen_fd)
+            run_node(config, args.node, listen_fd=args.listen_fd, log_format=args.log_format)
             return 0
         if args.command == "up":
             return _up(args.config)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "loadtest" / "run_locust.sh"
@@ -73,6 +74,13 @@ def test_run_locust_drives_every_operation_of_the_mix_without_failures(
     assert during["zdmq_cpu_s"] > 0 and during["locust_cpu_s"] > 0
     assert not cpu["whole_run"]["zdmq_nodes_gone"]
     assert cpu["messages"]["pushed"] >= counts["push"] > 0  # as the nodes counted them
+    # Every node's /metrics as the run left it parses, and counted the pushes too.
+    pushed = 0.0
+    for node in ("n1", "n2"):
+        text = (out / f"metrics-{node}.prom").read_text()
+        for family in text_string_to_metric_families(text):
+            pushed += sum(s.value for s in family.samples if s.name == "zdmq_messages_pushed_total")
+    assert pushed >= counts["push"]
     assert (out / "report.html").stat().st_size > 0
     assert "Aggregated" in run.stdout
     # The script stopped every node it started.

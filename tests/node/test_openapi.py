@@ -8,7 +8,6 @@ Content-Type must be ones the document lists for that call.
 
 from __future__ import annotations
 
-import re
 from importlib import resources
 from typing import Any
 
@@ -51,9 +50,8 @@ def _app_routes(config: ClusterConfig) -> set[tuple[str, str]]:
     """(METHOD, pattern) of every route the app serves, `{queue}` as in its table."""
     app = make_app(config, "n1")
     routes = {(m, path) for path, methods in app._exact.items() for m in methods}
-    for compiled, methods in app._routes:
-        pattern = re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", compiled.pattern)
-        routes |= {(m, pattern.strip("^$")) for m in methods}
+    for _, methods, pattern in app._routes:
+        routes |= {(m, pattern) for m in methods}
     return routes
 
 

@@ -372,6 +372,8 @@ class RaftCore:
         self._matched = 0
         # As follower: the leader's last SNAPSHOT request not yet taken by the driver.
         self._snapshot_request: Message | None = None
+        #: Elections this member started (terms it stood as candidate in), for metrics.
+        self.elections = 0
         #: Peers whose votes and acknowledgements are not counted (set by the driver).
         self.probation: frozenset[str] = frozenset()
         self.store_guard = store_guard
@@ -634,6 +636,7 @@ class RaftCore:
 
     def _become_candidate(self, force: bool = False) -> None:
         self.term += 1
+        self.elections += 1
         self.vote = self.id
         self.role = Role.CANDIDATE
         self.leader = None

@@ -109,6 +109,7 @@ import contextlib
 import logging
 import random
 import re
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -148,6 +149,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("zdmq.raft")
+_perf_counter = time.perf_counter
 
 #: The node-to-node route a payload is posted to.
 RAFT_PATH = "/v1/internal/raft"
@@ -393,6 +395,10 @@ def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: flo
 # Applied entries past the last compaction below which the byte bound does not compact
 # (each compaction costs a checkpoint of the state, an fsync or two).
 _MIN_COMPACTION = 64
+# A follower whose match trails its leader's commit by more than this many entries at two
+# checks in a row is behind; the leader logs when it has caught up (reached the commit).
+_BEHIND_ENTRIES = 100
+_CATCH_UP_CHECK_TICKS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,9 +617,23 @@ class RaftHost:
                 "snapshot_pulls_failed",
                 "snapshots_installed",
                 "snapshots_dropped",  # pulled, found stale when it arrived
+                "leader_changes",  # a leader seen that differs from the one known before
             ),
             0,
         )
+        #: Per group, for metrics: leaders seen change, snapshots installed.
+        self.leader_changes: dict[str, int] = dict.fromkeys(groups, 0)
+        self.snapshot_installs: dict[str, int] = dict.fromkeys(groups, 0)
+        #: Called after each write of the log with (entries written, seconds it took).
+        self.on_persist: Callable[[int, float], None] | None = None
+        # What the last round left each core at: (role, leader, elections started); the
+        # last leader known per group; followers seen behind (group, peer) -> their match.
+        self._watched: dict[str, tuple[Role, str | None, int]] = {
+            g: (c.role, c.leader, c.elections) for g, c in self._cores.items()
+        }
+        self._known_leader: dict[str, str | None] = dict.fromkeys(groups)
+        self._lagging: dict[tuple[str, str], int] = {}
+        self._behind: dict[tuple[str, str], int] = {}
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -846,6 +866,22 @@ class RaftHost:
             return {}
         return {p: pr.match for p, pr in core.progress.items() if p != self.node_id}
 
+    def applied_index(self, group: str) -> int:
+        return self._core(group).log.applied
+
+    def follower_lags(self, group: str) -> dict[str, int]:
+        """As `group`'s leader: its last index minus each follower's match ({} when it
+        does not lead)."""
+        core = self._core(group)
+        if core.role is not Role.LEADER:
+            return {}
+        last = core.log.last_index()
+        return {p: last - pr.match for p, pr in core.progress.items() if p != self.node_id}
+
+    def elections(self, group: str) -> int:
+        """Elections this member started in `group` since it started."""
+        return self._core(group).elections
+
     def on_probation(self, group: str) -> frozenset[str]:
         """The members of `group` whose votes and acknowledgements this node does not
         count: their store was replaced and has not caught up (zdmq/raft/identity.py)."""
@@ -895,8 +931,11 @@ class RaftHost:
                 (gid, core, core.ready()) for gid, core in self._cores.items() if core.has_ready()
             ]
             lazy = self._lazy_hard
+            if ticked and self._ticked % _CATCH_UP_CHECK_TICKS < ticked:
+                self._watch_catch_up()
             if not work and not (lazy and ticked):
                 self._answer()
+                self._watch()
                 return
             if work:
                 self.counters["pumps"] += 1
@@ -942,13 +981,17 @@ class RaftHost:
                 hards = [(self._logs[g], h) for g, h in lazy.items()]
                 lazy.clear()
                 self._writing = True
+                started = _perf_counter()
                 try:
                     await asyncio.to_thread(self._persist, writes, hards, ids, prob, clear, selves)
                 finally:
                     self._writing = False
                 self._self_states.update(selves)
+                entries = sum(len(rd.entries) for _, rd in writes)
                 self.counters["fsync_batches"] += 1
-                self.counters["entries_persisted"] += sum(len(rd.entries) for _, rd in writes)
+                self.counters["entries_persisted"] += entries
+                if self.on_persist is not None:
+                    self.on_persist(entries, _perf_counter() - started)
             # 4. What promises this node's log or vote (answers, votes) leaves now: in
             # the reply to a peer's payload that waits for it, else in a call of its own.
             for gid, m in late:
@@ -958,6 +1001,7 @@ class RaftHost:
             for _, core, rd in work:
                 core.advance(rd)
             self._check_pending()
+            self._watch()
 
     def _commit_only(self, gid: str, hard: HardState) -> bool:
         """Whether `hard` differs from the hard state last written only in its commit."""
@@ -1098,12 +1142,19 @@ class RaftHost:
             await hooks.install(snap)
             await asyncio.to_thread(self._logs[gid].restore, SnapshotMeta(snap.index, snap.term))
             self.counters["snapshots_installed"] += 1
+            self.snapshot_installs[gid] += 1
             log.info(
                 "%s installed %s's snapshot of group %s at %d",
                 self.node_id,
                 snap.src,
                 gid,
                 snap.index,
+                extra={
+                    "event": "snapshot_installed",
+                    "group": gid,
+                    "src": snap.src,
+                    "index": snap.index,
+                },
             )
         keep, keep_bytes = self.compact_entries, self.compact_bytes
         if not keep:
@@ -1239,6 +1290,103 @@ class RaftHost:
                 _, fut = pending.pop(i)
                 if not fut.done():
                     fut.set_exception(NotLeader(core.leader, core.term))
+
+    def _watch(self) -> None:
+        """After a round: logs each group's campaigns, won elections, step-downs and
+        leader changes (once each), and counts the leader changes."""
+        for gid, core in self._cores.items():
+            now = (core.role, core.leader, core.elections)
+            before = self._watched[gid]
+            if now == before:
+                continue
+            self._watched[gid] = now
+            role, _, elections = before
+            fields = {"group": gid, "term": core.term}
+            if core.elections != elections:
+                log.info(
+                    "%s campaigns in group %s (term %d)",
+                    self.node_id,
+                    gid,
+                    core.term,
+                    extra={"event": "campaign", **fields},
+                )
+            if core.role is Role.LEADER and role is not Role.LEADER:
+                log.info(
+                    "%s leads group %s (term %d)",
+                    self.node_id,
+                    gid,
+                    core.term,
+                    extra={"event": "became_leader", **fields},
+                )
+            elif role is Role.LEADER and core.role is not Role.LEADER:
+                log.info(
+                    "%s stepped down in group %s (term %d)",
+                    self.node_id,
+                    gid,
+                    core.term,
+                    extra={"event": "stepped_down", **fields},
+                )
+            known = self._known_leader[gid]
+            if core.leader is not None and core.leader != known:
+                self._known_leader[gid] = core.leader
+                self.leader_changes[gid] += 1
+                self.counters["leader_changes"] += 1
+                log.info(
+                    "%s sees %s lead group %s (term %d; before: %s)",
+                    self.node_id,
+                    core.leader,
+                    gid,
+                    core.term,
+                    known,
+                    extra={
+                        "event": "leader_changed",
+                        "leader": core.leader,
+                        "previous": known,
+                        **fields,
+                    },
+                )
+
+    def _watch_catch_up(self) -> None:
+        """Every few ticks, as leader: a follower whose match trails the commit index by
+        more than `_BEHIND_ENTRIES` at two checks in a row is behind; it is logged once
+        when its match reaches the commit index."""
+        lagging, behind = self._lagging, self._behind
+        for gid, core in self._cores.items():
+            if core.role is not Role.LEADER:
+                if lagging or behind:
+                    for key in [k for k in (*lagging, *behind) if k[0] == gid]:
+                        lagging.pop(key, None)
+                        behind.pop(key, None)
+                continue
+            committed = core.log.committed
+            for p, pr in core.progress.items():
+                if p == self.node_id:
+                    continue
+                key = (gid, p)
+                if committed - pr.match > _BEHIND_ENTRIES:
+                    if key in lagging and key not in behind:
+                        behind[key] = lagging[key]
+                    lagging[key] = pr.match
+                    continue
+                lagging.pop(key, None)
+                since = behind.get(key)
+                if since is not None and pr.match >= committed:
+                    del behind[key]
+                    log.info(
+                        "%s: %s caught up in group %s (from index %d to %d)",
+                        self.node_id,
+                        p,
+                        gid,
+                        since,
+                        pr.match,
+                        extra={
+                            "event": "caught_up",
+                            "group": gid,
+                            "peer": p,
+                            "from_index": since,
+                            "index": pr.match,
+                        },
+                    )
 
     def _apply_entries(self, gid: str, entries: Sequence[Entry]) -> None:
         pending = self._pending[gid]

@@ -6,6 +6,7 @@ import argparse
 
 from zdmq.config import ClusterConfig
 from zdmq.errors import ConfigError
+from zdmq.logs import LOG_FORMAT_HELP, LOG_FORMATS
 from zdmq.server.run import run_node
 
 
@@ -14,11 +15,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", default="cluster.yaml", help="cluster file (default cluster.yaml)")
     ap.add_argument("--node", required=True, help="this node's id in the cluster file")
     ap.add_argument("--listen-fd", type=int, help="serve on this inherited listening socket")
+    ap.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     args = ap.parse_args(argv)
     try:
         config = ClusterConfig.load(args.config)
         config.node(args.node)
-        run_node(config, args.node, listen_fd=args.listen_fd)
+        run_node(config, args.node, listen_fd=args.listen_fd, log_format=args.log_format)
     except ConfigError as e:  # a bad file, or no node secret or client tokens where needed
         raise SystemExit(f"zdmq node: {e}") from None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import time
 from collections import defaultdict
@@ -50,6 +51,7 @@ from zdmq.errors import (
     Unauthorized,
     ZdmqError,
 )
+from zdmq.logs import RateLimitedLog
 from zdmq.models import (
     BATCH_CONTENT_TYPE,
     MAX_PRIORITY,
@@ -80,6 +82,8 @@ from zdmq.raft.driver import RAFT_CONTENT_TYPE, RAFT_PATH
 from zdmq.routing import GROUP_HEADER
 from zdmq.server import status as cluster_status
 from zdmq.server.http import App, Request, Response, json_response
+from zdmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from zdmq.server.metrics import NodeMetrics
 from zdmq.server.node import (
     FORWARDED_HEADER,
     LISTED_HEADER,
@@ -104,6 +108,9 @@ log = logging.getLogger("zdmq.http")
 NODE = "node"
 MEMBER = "member"
 CONFIG = "config"
+METRICS = "metrics"
+# `ZDMQ_METRICS=off` in a node's environment: no metrics kept, /metrics answers 404.
+METRICS_ENV = "ZDMQ_METRICS"
 ID_HEADER = "zdmq-id"
 DEDUP_HEADER = "zdmq-dedup-id"
 # A single push's delivery options, and a single pop's priority and attributes.
@@ -315,6 +322,14 @@ async def cluster(request: Request) -> Response:
             },
         }
     )
+
+
+async def metrics(request: Request) -> Response:
+    """The node's metrics in Prometheus' text format (zdmq/server/metrics.py)."""
+    m: NodeMetrics | None = request.app[METRICS]
+    if m is None:
+        raise RouteNotFound(f"metrics are off on this node (${METRICS_ENV})")
+    return Response(body=m.exposition(), content_type=METRICS_CONTENT_TYPE)
 
 
 async def openapi(request: Request) -> Response:
@@ -1376,11 +1391,17 @@ def _unauthorized(err: Unauthorized, node_only: bool) -> Response:
 
 
 def _guarded(
-    handler: Callable[[Request], Any], need: str, nodes: NodeVerifier, clients: ClientGuard | None
+    handler: Callable[[Request], Any],
+    need: str,
+    nodes: NodeVerifier,
+    clients: ClientGuard | None,
+    refusals: RateLimitedLog | None = None,
 ) -> Callable[[Request], Any]:
-    """`handler` behind the credential check `need` calls for."""
+    """`handler` behind the credential check `need` calls for; refusals are logged
+    through `refusals` (rate-limited)."""
     if need == OPEN:
         return handler
+    refused = refusals if refusals is not None else RateLimitedLog(log)
     node_only = need == NODE_ONLY
 
     def check(request: Request) -> None:
@@ -1407,7 +1428,18 @@ def _guarded(
     async def guarded(request: Request) -> Response:
         try:
             check(request)
-        except Unauthorized as e:
+        except (Unauthorized, Forbidden) as e:
+            refused.warning(
+                "refused %s %s: %s",
+                request.method,
+                request.route,
+                e,
+                event="auth_refused",
+                status=e.status,
+                route=request.route,
+            )
+            if isinstance(e, Forbidden):
+                raise
             return _unauthorized(e, node_only)
         result: Response = await handler(request)
         return result
@@ -1484,10 +1516,26 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
     )
     app[SAMPLER] = sampler
     app[STATUS_POOL] = None
+    node_metrics: NodeMetrics | None = None
+    if os.environ.get(METRICS_ENV, "on").lower() not in ("off", "0", "false", "no"):
+        node_metrics = NodeMetrics(node_id)
+        app.observe = node_metrics.request
+        app.on_serving = node_metrics.attach_connections
+        if member is not None:
+            m = member
+            node_metrics.attach(lambda: [n for g, n in m.nodes.items() if m.leads(g)], m)
+        else:
+            node_metrics.attach(lambda: served, None)
+        for n in served:
+            n.metrics = node_metrics
+            n.storage.on_commit = node_metrics.state_commit
+    app[METRICS] = node_metrics
 
     async def startup(app: App) -> None:
         if member is not None:
             await member.start()
+            if node_metrics is not None and member.raft is not None:
+                member.raft.on_persist = node_metrics.raft_write
         else:
             await served[0].start()
         for n in served:
@@ -1514,10 +1562,12 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
 
     app.on_startup.append(startup)
     app.on_cleanup.append(cleanup)
+    # A flood of refused calls logs at most 10 lines per 10 s (and how many it left out).
+    refusals = RateLimitedLog(log, burst=10, period_s=10.0)
     for method, path, handler, need in ROUTES:
         if need != NODE_ONLY:
             handler = _taking(_QUERY.get(handler, frozenset()), handler)
-        app.route(method, path, _guarded(handler, need, nodes, clients))
+        app.route(method, path, _guarded(handler, need, nodes, clients, refusals))
     return app
 
 
@@ -1528,6 +1578,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("GET", "/v1/openapi.yaml", openapi, OPEN),
     ("GET", "/v1/status", status, ANY_CLIENT),
     *(("GET", path, status_page, OPEN) for path in PAGE_FILES),
+    ("GET", "/metrics", metrics, OPEN),
     ("GET", "/v1/queues", list_queues, ANY_CLIENT),
     ("PUT", "/v1/queues/{queue}", create_queue, ADMIN),
     ("GET", "/v1/queues/{queue}", get_queue, READ),

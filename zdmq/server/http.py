@@ -53,6 +53,7 @@ from zdmq.errors import (
     RouteNotFound,
     ZdmqError,
 )
+from zdmq.logs import REQUEST_ID_HEADER, new_request_id, request_id, valid_request_id
 
 __all__ = ["App", "Request", "Response", "json_response", "serve_app"]
 
@@ -70,6 +71,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, r.encode()) for code, r in _REASONS.items()}
 _ROUTE_CACHE_MAX = 4096  # bound on remembered `{name}` route matches (a path per queue)
 _monotonic = time.monotonic
+_perf_counter = time.perf_counter
 
 
 class Request:
@@ -83,6 +85,7 @@ class Request:
         "method",
         "path",
         "query_string",
+        "route",
         "transport",
     )
 
@@ -104,6 +107,7 @@ class Request:
         self.body = body
         self.transport = transport
         self.match_info: dict[str, str] = {}
+        self.route = ""  # the pattern of the route that matched ("": none did)
         self._query: dict[str, str] | None = None
         self._query_names: list[str] = []
 
@@ -177,13 +181,17 @@ class App:
         # Paths whose bodies may be larger than max_body (exact paths only).
         self.max_body_of: dict[str, int] = {}
         self._state: dict[str, Any] = {}
-        self._routes: list[tuple[re.Pattern[str], dict[str, Handler]]] = []
+        self._routes: list[tuple[re.Pattern[str], dict[str, Handler], str]] = []
         self._exact: dict[str, dict[str, Handler]] = {}
-        # path -> (its methods, its match_info): a queue's paths come back call after
-        # call, and a dict lookup beats trying each pattern in turn. Bounded.
-        self._matched: dict[str, tuple[dict[str, Handler], dict[str, str]]] = {}
+        # path -> (its methods, its match_info, its pattern): a queue's paths come back
+        # call after call, and a dict lookup beats trying each pattern in turn. Bounded.
+        self._matched: dict[str, tuple[dict[str, Handler], dict[str, str], str]] = {}
         self.on_startup: list[Callable[[App], Awaitable[None]]] = []
         self.on_cleanup: list[Callable[[App], Awaitable[None]]] = []
+        #: Called after each reply is written: (route pattern, method, status, seconds).
+        self.observe: Callable[[str, str, int, float], None] | None = None
+        #: Called as the server starts, with a function that counts its open connections.
+        self.on_serving: Callable[[Callable[[], int]], None] | None = None
 
     def __getitem__(self, key: str) -> Any:
         return self._state[key]
@@ -199,11 +207,11 @@ class App:
             self._exact.setdefault(pattern, {})[method] = handler
             return
         regex = "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", pattern) + "$"
-        for compiled, methods in self._routes:
+        for compiled, methods, _ in self._routes:
             if compiled.pattern == regex:
                 methods[method] = handler
                 return
-        self._routes.append((re.compile(regex), {method: handler}))
+        self._routes.append((re.compile(regex), {method: handler}, pattern))
 
     def resolve(self, request: Request) -> Handler:
         path = request.path
@@ -213,8 +221,10 @@ class App:
             if hit is None:
                 hit = self._match(path)
             if hit is not None:
-                methods, match_info = hit
+                methods, match_info, request.route = hit
                 request.match_info = dict(match_info)
+        else:
+            request.route = path
         if methods is None:
             raise RouteNotFound(f"no route {request.method} {path}")
         handler = methods.get(request.method)
@@ -222,15 +232,15 @@ class App:
             raise MethodNotAllowed(f"{request.method} is not allowed on {path}", sorted(methods))
         return handler
 
-    def _match(self, path: str) -> tuple[dict[str, Handler], dict[str, str]] | None:
-        for compiled, methods in self._routes:
+    def _match(self, path: str) -> tuple[dict[str, Handler], dict[str, str], str] | None:
+        for compiled, methods, pattern in self._routes:
             m = compiled.match(path)
             if m is not None:
                 match_info = {k: unquote(v) for k, v in m.groupdict().items()}
                 if len(self._matched) >= _ROUTE_CACHE_MAX:
                     self._matched.clear()
-                self._matched[path] = (methods, match_info)
-                return methods, match_info
+                hit = self._matched[path] = (methods, match_info, pattern)
+                return hit
         return None
 
 
@@ -574,7 +584,14 @@ class _HttpProtocol(asyncio.Protocol):
 
     # ---- replies
     async def _run(self, req: Request, keep: bool, http10: bool) -> None:
+        started = _perf_counter()
         server = self.server
+        # This task's request id: the caller's, when valid, else a fresh one; log lines
+        # and node-to-node calls made while serving the request carry it.
+        rid = req.headers.get(REQUEST_ID_HEADER)
+        if rid is None or not valid_request_id(rid):
+            rid = new_request_id()
+        request_id.set(rid)
         if server.stopping:  # no new work once the node is stopping
             resp = error_response(NodeUnavailable("the node is stopping"))
         else:
@@ -588,7 +605,11 @@ class _HttpProtocol(asyncio.Protocol):
             except Exception as e:
                 resp = _internal_error(req, e)
         keep = keep and not server.stopping
+        resp.headers[REQUEST_ID_HEADER] = rid
         self._write(resp, keep, head_only=req.method == "HEAD", http10=http10)
+        observe = self.app.observe
+        if observe is not None:
+            observe(req.route, req.method, resp.status, _perf_counter() - started)
         self.busy = False
         self.task = None
         self.last_active = _monotonic()
@@ -769,6 +790,8 @@ async def serve_app(
     server = await loop.create_server(
         lambda: _HttpProtocol(server_state), sock=sock, backlog=1024, ssl=ssl
     )
+    if app.on_serving is not None:
+        app.on_serving(lambda: len(server_state.connections))
     sweeper = loop.create_task(_sweep(server_state))
     try:
         if ready is not None:

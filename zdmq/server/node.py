@@ -46,6 +46,7 @@ from zdmq.errors import (
     ZdmqError,
 )
 from zdmq.hashing import Placement
+from zdmq.logs import REQUEST_ID_HEADER, request_id
 from zdmq.models import (
     BATCH_CONTENT_TYPE,
     QueueSettings,
@@ -85,6 +86,7 @@ from zdmq.server.state import (
 from zdmq.server.storage import Storage
 
 if TYPE_CHECKING:
+    from zdmq.server.metrics import NodeMetrics
     from zdmq.server.replicas import Member
 
 __all__ = ["FORWARDED_HEADER", "LISTED_HEADER", "ROUTE_HEADER", "Delivery", "Node", "PushItem"]
@@ -266,6 +268,8 @@ class Node:
         self._session: _http.HttpPool | None = None
         self.started_at = time.time()
         self.counters: dict[str, int] = defaultdict(int)
+        #: The node process's metrics (zdmq/server/metrics.py), None when they are off.
+        self.metrics: NodeMetrics | None = None
         # Settings of the queues this node stores messages of, as their metadata owners
         # reported them (runtime cache: filled by register, sweep and metadata replies).
         self.settings: dict[str, QueueSettings] = {}
@@ -373,6 +377,9 @@ class Node:
     ) -> _http.Reply:
         assert self._session is not None
         headers = {FORWARDED_HEADER: self.id, **kw.pop("headers", {})}
+        rid = request_id.get()
+        if rid is not None:  # the request being served, if any: its id goes along
+            headers[REQUEST_ID_HEADER] = rid
         if self.member is not None:
             return await self.member.call(node_id, method, path, json=json, headers=headers, **kw)
         kw.pop("once", None)
@@ -421,6 +428,7 @@ class Node:
                 raise QueueExists(f"queue {queue!r} already exists")
         op = CreateQueue(queue, uuid.uuid4().hex, time.time(), settings)
         await self.execute(Meta((op,), self.config.limits.max_queues))
+        log.info("queue %s created", queue, extra={"event": "queue_created", "queue": queue})
         return op.incarnation
 
     async def drop_queue(self, queue: str) -> None:
@@ -428,6 +436,7 @@ class Node:
             raise QueueNotFound(f"queue {queue!r} does not exist")
         op = DropQueue(queue, self.state.meta[queue].incarnation, time.time())
         await self.execute(Meta((op,)))
+        log.info("queue %s deleted", queue, extra={"event": "queue_deleted", "queue": queue})
         self._signal_ready(queue)  # waiters wake and find the queue gone
         self._ready_version.pop(queue, None)
         self._ready_nodes.pop(queue, None)
@@ -728,6 +737,8 @@ class Node:
         stored = duplicate.count(False)
         self.counters["pushed"] += stored
         self.counters["duplicates"] += len(items) - stored
+        if self.metrics is not None:
+            self.metrics.count("pushed", queue, stored)
         lq = state.queues.get(queue)
         if was_empty and lq is not None and lq.ready_count():
             self._notify_ready(queue)
@@ -804,6 +815,8 @@ class Node:
                     for t in leased
                 ]
                 self.counters["received"] += len(out)
+                if self.metrics is not None:
+                    self.metrics.count("received", queue, len(out))
             else:
                 popped: list[Taken] = await self.execute(
                     Take(queue, limit, now, retention, None, "", min_priority)
@@ -813,6 +826,8 @@ class Node:
                     for t in popped
                 ]
                 self.counters["popped"] += len(out)
+                if self.metrics is not None:
+                    self.metrics.count("popped", queue, len(out))
             if out:
                 return out
             lq = state.queues.get(queue)
@@ -884,12 +899,17 @@ class Node:
         }
         ops = [op for op in results if op is not None]
         self.counters[action + "ed"] += len(ops)
+        if self.metrics is not None and action != "extend":
+            self.metrics.count(action + "ed", queue, len(ops))
         self._after_requeue(queue, was_empty, ops)
         return len(ops), failed
 
     def _after_requeue(self, queue: str, was_empty: bool, ops: Sequence[Op]) -> None:
         dlqs = {op.dlq for op in ops if isinstance(op, DeadLetter)}
-        self.counters["dead_lettered"] += sum(1 for op in ops if isinstance(op, DeadLetter))
+        moved = sum(1 for op in ops if isinstance(op, DeadLetter))
+        self.counters["dead_lettered"] += moved
+        if moved and self.metrics is not None:
+            self.metrics.count("dead_lettered", queue, moved)
         lq = self.state.queues.get(queue)
         if was_empty and lq is not None and lq.ready_count():
             self._notify_ready(queue)
@@ -951,6 +971,8 @@ class Node:
             was_empty = lq is None or not lq.ready_count()
             ops = await self.execute(Expire(queue, due, now, settings.max_receives, dlq))
             self.counters["expired"] += len(ops)
+            if self.metrics is not None:
+                self.metrics.count("expired", queue, len(ops))
             self._after_requeue(queue, was_empty, ops)
         if housekeeping:
             self._release_heap_when_idle()
@@ -1020,6 +1042,8 @@ class Node:
         timer = self._drop_timers.pop(queue, None)
         if timer is not None:
             timer.cancel()
+        if self.metrics is not None:
+            self.metrics.forget_queue(queue)
         async with self._locks(queue):
             self.settings.pop(queue, None)
             self._registered.pop(queue, None)

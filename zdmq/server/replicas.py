@@ -129,6 +129,8 @@ class Member:
         self.router = GroupRouter(self.members, self._leader_of)
         self.store: RaftLogStore | None = None
         self.raft: RaftHost | None = None
+        #: Per group: snapshots of its state this member began to send (for metrics).
+        self.snapshots_sent: dict[str, int] = dict.fromkeys(self.groups, 0)
         # A payload of Raft messages: its first entry may hold a whole request (and its
         # encoding's overhead), the rest up to PAYLOAD_BYTES.
         self.max_payload_bytes = 2 * config.limits.max_request_bytes + PAYLOAD_BYTES
@@ -240,6 +242,14 @@ class Member:
             for _, _, old in kept:
                 if old != path:
                     old.unlink(missing_ok=True)
+            self.snapshots_sent[group] += 1
+            log.info(
+                "%s sends its snapshot of group %s at %d",
+                self.id,
+                group,
+                index,
+                extra={"event": "snapshot_sent", "group": group, "index": index},
+            )
         else:
             found = [(t, p) for i, t, p in self._served(group) if i == index]
             if not found:
@@ -306,6 +316,7 @@ class Member:
         os.replace(snap.path, target)
         _sync_dir(self.data_dir)
         storage = open_storage(self.config.durability, self.data_dir, group=snap.group)
+        storage.on_commit = node.storage.on_commit
         node.state = await asyncio.to_thread(storage.load)
         node.storage = storage
         if storage.applied != snap.index:

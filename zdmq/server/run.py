@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import resource
 import signal
 import socket
-import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from zdmq.config import ClusterConfig
+from zdmq.logs import setup_logging
 from zdmq.server.app import make_app
 from zdmq.server.heap import Heap
 from zdmq.server.http import serve_app
@@ -53,7 +54,13 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
     def ready() -> None:
         _tune_gc()
         Heap().keep_freed()  # the node gives freed memory back when idle
-        log.info("node %s serving %s (durability %s)", node_id, me.url, config.durability)
+        log.info(
+            "node %s serving %s (durability %s)",
+            node_id,
+            me.url,
+            config.durability,
+            extra={"event": "ready", "url": me.url},
+        )
         print(f"READY {node_id} {me.url}", flush=True)
 
     limits = config.limits
@@ -71,7 +78,7 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
             ssl=tls,
         )
     finally:
-        log.info("node %s stopped", node_id)
+        log.info("node %s stopped", node_id, extra={"event": "stopped"})
 
 
 # File descriptors a node needs beyond its client connections: storage, node-to-node
@@ -128,10 +135,27 @@ def run_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
             runner.run(main())
 
 
-def run_node(config: ClusterConfig, node_id: str, *, listen_fd: int | None = None) -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s %(levelname)s node={node_id} %(name)s: %(message)s",
+def run_node(
+    config: ClusterConfig,
+    node_id: str,
+    *,
+    listen_fd: int | None = None,
+    log_format: str | None = None,
+) -> None:
+    setup_logging(node_id, log_format)
+    me = config.node(node_id)
+    log.info(
+        "node %s starting: %s, replication %d, durability %s",
+        node_id,
+        me.url,
+        config.replication,
+        config.durability,
+        extra={
+            "event": "start",
+            "url": me.url,
+            "replication": config.replication,
+            "durability": config.durability,
+            "pid": os.getpid(),
+        },
     )
     run_loop(lambda: serve(config, node_id, listen_fd=listen_fd))

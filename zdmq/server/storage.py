@@ -69,6 +69,7 @@ from zdmq.server.state import (
 
 __all__ = ["MemoryStorage", "SqliteStorage", "Storage", "open_storage"]
 
+_perf_counter = time.perf_counter
 log = logging.getLogger("zdmq.storage")
 
 _SCHEMA = """
@@ -157,6 +158,8 @@ class Storage:
     failed: str | None = None
     commits = 0
     ops_written = 0
+    #: Called after each commit with (ops it wrote, seconds it took): the node's metrics.
+    on_commit: Callable[[int, float], None] | None = None
     # A replica group's state: the last log index applied to it and its clock, as of the
     # last commit (load reads them back; `note_applied` moves them).
     applied = 0
@@ -563,6 +566,7 @@ class SqliteStorage(Storage):
                 self._fail(e)
                 return
         if conn.in_transaction:
+            started = _perf_counter()
             try:
                 conn.execute("COMMIT")
             except Exception as e:
@@ -570,6 +574,8 @@ class SqliteStorage(Storage):
                 return
             self.commits += 1
             self.ops_written += self._uncommitted
+            if self.on_commit is not None:
+                self.on_commit(self._uncommitted, _perf_counter() - started)
             self._uncommitted = 0
         fut, self._next = self._next, None
         if fut is not None:
@@ -604,7 +610,11 @@ class SqliteStorage(Storage):
         """A write or commit failed: everything since the last commit is lost on disk
         while memory has it, so storage refuses every later write."""
         self.failed = f"{type(e).__name__}: {e}"
-        log.critical("storage commit failed, refusing further writes: %s", self.failed)
+        log.critical(
+            "storage commit failed, refusing further writes: %s",
+            self.failed,
+            extra={"event": "storage_failed"},
+        )
         conn = self._conn
         if conn is not None and conn.in_transaction:
             with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
