@@ -191,6 +191,28 @@ async def test_broadcast_stores_one_copy_per_queue_or_none_if_a_queue_is_missing
             assert r.status == 400, payload
 
 
+async def test_copies_keep_the_priority_delay_and_attributes_of_what_was_published(
+    cluster4: LocalCluster, http: aiohttp.ClientSession, client: Client
+) -> None:
+    topic, sub = unique("opts"), unique("opts-q")
+    await client.create_topic(topic)
+    await client.subscribe(topic, sub)
+    url = cluster4.config.nodes[1].url
+    headers = {"zdmq-priority": "7", "zdmq-attributes": '{"kind":"alert"}'}
+    async with http.post(f"{url}/v1/topics/{topic}/messages", data=b"one", headers=headers) as r:
+        assert r.status == 201, await r.text()
+    batch = {"messages": [{"body": "later", "delay_s": 60}, {"body": "two", "priority": 3}]}
+    async with http.post(f"{url}/v1/topics/{topic}/batch", json=batch) as r:
+        assert r.status == 201, await r.text()
+    got = {}
+    while batch := await client.pop_many(sub, 10):
+        got.update((m.body, m) for m in batch)
+    assert got[b"one"].priority == 7 and got[b"one"].attributes == {"kind": "alert"}
+    assert got[b"two"].priority == 3
+    assert b"later" not in got  # delayed a minute
+    assert (await client.stats(sub)).delayed == 1
+
+
 async def test_every_acknowledged_publish_reaches_every_subscription_across_a_kill(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:

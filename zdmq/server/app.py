@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from importlib import resources
 from itertools import repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -658,11 +658,19 @@ async def push_batch(request: Request) -> Response:
             _forwarded(request),
         )
     items = _fresh_ids(items, node.placement.owner)
+    owner = node.placement.owner
+    if _forwarded(request) and {owner(item.id) for item in items} != {node.id}:
+        raise Misrouted(f"a forwarded batch holds messages {node.id} does not own")
+    dups = await _store_items(node, queue, items)
+    return _json({"ids": [item.id for item in items], "duplicates": dups}, status=201)
+
+
+async def _store_items(node: Node, queue: str, items: list[PushItem]) -> int:
+    """Stores `items` in `queue` on the nodes that own their ids: here, and one call to
+    each other owner, all in parallel. Returns how many were repeats (stored nothing)."""
     by_owner: defaultdict[str, list[PushItem]] = defaultdict(list)
     for item in items:
-        by_owner[node.placement.owner(item[0])].append(item)
-    if _forwarded(request) and set(by_owner) != {node.id}:
-        raise Misrouted(f"a forwarded batch holds messages {node.id} does not own")
+        by_owner[node.placement.owner(item.id)].append(item)
 
     async def store(owner: str, part: list[PushItem]) -> int:
         if owner == node.id:
@@ -685,8 +693,7 @@ async def push_batch(request: Request) -> Response:
             reply = await node.peer_call(owner, "POST", path, data=frame, headers=_FRAME)
         return int(reply.json().get("duplicates", 0))
 
-    dups = await asyncio.gather(*(store(o, part) for o, part in by_owner.items()))
-    return _json({"ids": [item.id for item in items], "duplicates": sum(dups)}, status=201)
+    return sum(await asyncio.gather(*(store(o, part) for o, part in by_owner.items())))
 
 
 def _deliveries(request: Request, got: list[Delivery], *, receive: bool) -> Response:
@@ -1019,14 +1026,13 @@ async def unsubscribe(request: Request) -> Response:
     return _json({"topic": topic, "queue": queue, "purged": purged, "unavailable": unavailable})
 
 
-class _Copy:
-    """One message to fan out: its body and content type, and the dedup id its copies'
-    ids derive from (None: fresh ids, so a retry stores new copies)."""
+class _Copy(NamedTuple):
+    """One message to fan out: its body, content type and delivery options (`item`, whose
+    id each copy replaces), and the dedup id its copies' ids derive from (None: fresh
+    ids, so a retry stores new copies)."""
 
-    __slots__ = ("body", "content_type", "dedup_id")
-
-    def __init__(self, body: bytes, content_type: str | None, dedup_id: str | None) -> None:
-        self.body, self.content_type, self.dedup_id = body, content_type, dedup_id
+    item: PushItem
+    dedup_id: str | None
 
 
 async def _publish_items(request: Request, node: Node) -> list[_Copy]:
@@ -1048,7 +1054,7 @@ async def _publish_items(request: Request, node: Node) -> list[_Copy]:
         ctype = request.headers.get("Content-Type")
         if ctype is not None:
             validate_content_type(ctype)
-        return [_Copy(body, ctype, dedup_id)]
+        return [_Copy(PushItem("", body, ctype, False, *_header_options(request)), dedup_id)]
     if _is_frame(request):
         b = decode_batch(request.body, max_count=limits.max_batch_messages)
         if b.ids is not None and any(i is not None for i in b.ids):
@@ -1064,29 +1070,7 @@ async def _publish_items(request: Request, node: Node) -> list[_Copy]:
             "q", payload, limits.max_batch_messages, limits.max_message_bytes, False
         )
         dedups = [m.get("dedup_id") for m in raw] if isinstance(raw, list) else []
-    return [_Copy(item.body, item.content_type, d) for item, d in zip(items, dedups, strict=True)]
-
-
-async def _store_copies(node: Node, queue: str, items: list[PushItem]) -> int:
-    """Stores `items` in `queue` on the nodes that own their ids (one call per owner, in
-    parallel, as a queue batch does); returns how many were repeats."""
-    by_owner: defaultdict[str, list[PushItem]] = defaultdict(list)
-    for item in items:
-        by_owner[node.placement.owner(item.id)].append(item)
-
-    async def store(owner: str, part: list[PushItem]) -> int:
-        if owner == node.id:
-            return sum(await node.push_local(queue, part))
-        path = f"/v1/queues/{queue}/batch"
-        if any([item.dedup for item in part]):
-            reply = await node.peer_call(owner, "POST", path, json=_batch_wire(part))
-        else:
-            ids, bodies, ctypes, _ = zip(*part, strict=True)
-            frame = encode_batch(ids=ids, bodies=bodies, content_types=ctypes)
-            reply = await node.peer_call(owner, "POST", path, data=frame, headers=_FRAME)
-        return int(reply.json().get("duplicates", 0))
-
-    return sum(await asyncio.gather(*(store(o, p) for o, p in by_owner.items())))
+    return [_Copy(item, d) for item, d in zip(items, dedups, strict=True)]
 
 
 async def _fan_out(
@@ -1101,15 +1085,15 @@ async def _fan_out(
     def items_for(queue: str) -> list[PushItem]:
         fresh = iter(new_message_ids(sum(c.dedup_id is None for c in copies), node.placement.owner))
         return [
-            PushItem(copy_message_id(source, queue, c.dedup_id), c.body, c.content_type, True)
+            c.item._replace(id=copy_message_id(source, queue, c.dedup_id), dedup=True)
             if c.dedup_id is not None
-            else PushItem(next(fresh), c.body, c.content_type, False)
+            else c.item._replace(id=next(fresh), dedup=False)
             for c in copies
         ]
 
     parts = {q: items_for(q) for q in queues}
     results = await asyncio.gather(
-        *(_store_copies(node, q, part) for q, part in parts.items()), return_exceptions=True
+        *(_store_items(node, q, part) for q, part in parts.items()), return_exceptions=True
     )
     missing: list[str] = []
     failed: list[dict[str, str]] = []
@@ -1167,7 +1151,7 @@ async def broadcast(request: Request) -> Response:
     [item] = _batch_items(
         "q", {"messages": [message]}, 1, node.config.limits.max_message_bytes, False
     )
-    copy = _Copy(item.body, item.content_type, message.get("dedup_id"))
+    copy = _Copy(item, message.get("dedup_id"))
     found = await asyncio.gather(
         *(node.metadata_via_owner(q) for q in queues), return_exceptions=True
     )
