@@ -132,7 +132,8 @@ async def topic_under_faults(
             )
         finally:
             await heal(cluster)
-    acked = int(results[0])
+    acked = results[0]
+    assert acked is not None
     for q, w in consumers.items():
         try:
             await w.drain(60.0)
