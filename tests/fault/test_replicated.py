@@ -63,19 +63,6 @@ CLIENT_TIMEOUT_S = 1.5
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    # A node gives up on a peer that does not answer within 1 s, well inside the
-    # workload's 3 s timeout.
-    c = LocalCluster.ephemeral(
-        tmp_path / "c", nodes=4, replication=3, durability="fsync", request_timeout_s=1.0
-    )
-    try:
-        yield c.start()
-    finally:
-        c.close()
-
-
-@pytest.fixture
 def netns_cluster(tmp_path: Path) -> Iterator[NetnsCluster]:
     yield from started_or_skip(
         tmp_path / "ns", nodes=4, replication=3, durability="fsync", request_timeout_s=1.0

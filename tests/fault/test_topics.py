@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -28,17 +27,6 @@ from tests.fault.workload import Outcome, Rest, Workload, node_urls
 from tests.helpers import unique
 from zdmq.local import LocalCluster
 from zdmq.models import copy_message_id
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster.ephemeral(
-        tmp_path / "c", nodes=4, replication=3, durability="fsync", request_timeout_s=1.0
-    )
-    try:
-        yield c.start()
-    finally:
-        c.close()
 
 
 class Publishers:
