@@ -7,6 +7,8 @@ test process sits in the root namespace, a client host: producers and consumers 
 Python client and over REST, with the token, push, receive and ack, and pop; everything is
 recorded in a History and checked (checker.py). What the runs assert:
 
+- a backup (`zdmq backup`) made from the client host while the workload runs: every group's
+  leader serves a copy of its state;
 - kill -9 of one host's node mid-run, restarted on its disk: nothing acknowledged is lost,
   nothing unpushed, corrupt or resurrected is delivered, a popped message is handed out
   once, and pushes of the killed node's replica group (the group it led) are acknowledged
@@ -101,6 +103,21 @@ def zdmq_status(c: NetnsCluster) -> dict[str, Any]:
     if not done.stdout.strip():
         raise AssertionError(f"zdmq status printed nothing: {done.stderr[-2000:]}")
     return dict(json.loads(done.stdout))
+
+
+def zdmq_backup(c: NetnsCluster, directory: Path) -> dict[str, Any]:
+    """`zdmq backup <directory>` from the client host; its backup.json."""
+    assert c.cluster is not None
+    argv = [sys.executable, "-m", "zdmq.cli", "--config", str(c.cluster.config_path)]
+    done = subprocess.run(
+        [*argv, "backup", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ZDMQ_TOKEN": c.token},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(json.loads((directory / "backup.json").read_text()))
 
 
 def caught_up(status: dict[str, Any], node: str, max_lag: int = 0) -> str | None:
@@ -236,14 +253,28 @@ async def kills(
     nemesis = Nemesis(cluster, h, seed=seed)
     victim = random.Random(seed).choice(c.node_ids)
 
+    manifest: dict[str, Any] = {}
+
+    async def backup() -> None:
+        await asyncio.sleep(1.0)
+        manifest.update(await asyncio.to_thread(zdmq_backup, c, tmp_path / "backup"))
+
     async def faults() -> None:
         if rounds:
-            await nemesis.rounds(duration_s, period_s=6.0, down_s=3.0, pause_every=1 << 30)
+            await asyncio.gather(
+                backup(),
+                nemesis.rounds(duration_s, period_s=6.0, down_s=3.0, pause_every=1 << 30),
+            )
         else:
-            await asyncio.sleep(3.0)
+            await asyncio.gather(backup(), asyncio.sleep(3.0))
             await nemesis.kill(victim, down_s=3.0)
 
     report = await run_checked(c, tmp_path, w, h, faults, duration_s)
+    # A backup made under load, over TLS, from the client host: every group's leader
+    # copied its state.
+    groups = manifest["groups"]
+    print(f"backup under load: { ({g: (b['index'], b['bytes']) for g, b in groups.items()}) }")
+    assert sorted(groups) == c.node_ids and all(b["index"] > 0 for b in groups.values())
     assert_clean(report, h)
     assert len(report.acknowledged) > 100, "the workload pushed too little to prove anything"
     clients = [op for op in pair(h)[0] if op.process.startswith("cp") and op.type == "ok"]
