@@ -8,7 +8,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,10 @@ TEST_REPLICATION = int(os.environ.get("ZDMQ_TEST_REPLICATION", "1"))
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 
-def make_ca_and_cert(d: Path) -> dict[str, str]:
-    """A CA, and a node certificate it signed for 127.0.0.1, made in `d` by the openssl
-    command; paths as cluster.yaml's `tls` block takes them."""
+def make_ca_and_cert(d: Path, hosts: Sequence[str] = ("127.0.0.1",)) -> dict[str, str]:
+    """A CA, and a node certificate it signed for the IP addresses `hosts` (in its
+    subjectAltName), made in `d` by the openssl command; paths as cluster.yaml's `tls`
+    block takes them."""
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
@@ -39,8 +40,9 @@ def make_ca_and_cert(d: Path) -> dict[str, str]:
             "-subj", "/CN=zdmq test CA",
             "-addext", "basicConstraints=critical,CA:TRUE",
             "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
-    openssl("req", *EC, "-keyout", "node.key", "-out", "node.csr", "-subj", "/CN=127.0.0.1")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    openssl("req", *EC, "-keyout", "node.key", "-out", "node.csr", "-subj", f"/CN={hosts[0]}")
+    names = ",".join(f"IP:{h}" for h in hosts)
+    (d / "ext.cnf").write_text(f"subjectAltName={names}\nextendedKeyUsage=serverAuth\n")
     openssl("x509", "-req", "-in", "node.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", "node.pem", "-days", "2", "-extfile", "ext.cnf")  # fmt: skip
     return {"cert": str(d / "node.pem"), "key": str(d / "node.key"), "ca": str(d / "ca.pem")}

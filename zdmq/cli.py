@@ -6,6 +6,8 @@ zdmq status  the cluster's status: nodes, replica groups, queues, rates (--watch
 zdmq queue   create | delete | list | stats
 zdmq push    push a message (argument, file or stdin)
 zdmq pop     pop messages and print them
+zdmq backup  copy every replica group's state from its leader into a directory
+zdmq restore write a node's state from a backup into a new data directory (whole cluster)
 zdmq demo    the README's main job: a local cluster, pushes and pops, then the Spark pipeline
 zdmq spark   Spark jobs: `zdmq spark drain --queue Q --out PATH` (needs the [spark] extra)
 zdmq bench   the benchmark workloads on zdmq and, if started, RabbitMQ, Redis, NATS
@@ -136,6 +138,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for a message (0-20)")
     p.add_argument("--min-priority", type=int, default=0, help="only this priority or more")
 
+    p = sub.add_parser(
+        "backup", help="copy every replica group's state from its leader into a directory"
+    )
+    p.add_argument("directory", type=Path, help="where to write the copies and backup.json")
+    p = sub.add_parser(
+        "restore", help="write a node's state from a backup into its new, empty data directory"
+    )
+    p.add_argument("directory", type=Path, help="the backup (as `zdmq backup` wrote it)")
+    p.add_argument("--node", required=True, help="the node id in the cluster file")
+
     p = sub.add_parser("demo", help="start the local cluster, push and pop, then Spark; report")
     p.add_argument("--messages", type=int, default=5000, help="how many (default %(default)s)")
     p.add_argument("--concurrency", type=int, default=32, help="calls in flight (default 32)")
@@ -193,6 +205,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "up":
             return _up(args.config)
+        if args.command == "restore":
+            from zdmq.backup import restore_node
+
+            for path in restore_node(args.directory, config, args.node):
+                print(f"wrote {path}")
+            return 0
         if args.command == "demo":
             spark = _spark_wanted(args.spark)
             if spark is None:
@@ -387,8 +405,18 @@ async def _pop(config: ClusterConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _backup(config: ClusterConfig, args: argparse.Namespace) -> int:
+    async with Client(config=config, token=args.token, timeout_s=60.0) as c:
+        done = await c.backup(args.directory)
+    for b in done:
+        print(f"group {b.group}: index {b.index}, {b.bytes} bytes -> {args.directory / b.file}")
+    print(f"wrote {args.directory / 'backup.json'}")
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[ClusterConfig, argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "status": _status,
+    "backup": _backup,
     "topic": _topic,
     "queue": _queue,
     "push": _push,

@@ -12,7 +12,9 @@ never meet:
   `input` chain the partitions fill;
 - a cluster.yaml naming every node by its 10.77 address: nodes off loopback need a named
   node secret (`auth.node_secret_file`, mode 0600) and client tokens (`auth.client_tokens`,
-  one admin token, `NetnsCluster.token`);
+  one admin token, `NetnsCluster.token`); with `tls=True` also a `tls` block: a CA made
+  for the run and one certificate naming every node's address (the namespaces share one
+  file system, so every "host" reads the same file at the `tls` paths);
 - the nodes, started by `zdmq.local.LocalCluster` as `ip netns exec <ns> python -m
   zdmq.server ...` (ip execs the node, so the PID it keeps is the node's own).
 
@@ -33,6 +35,7 @@ import os
 import random
 import secrets
 import shutil
+import ssl
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -42,6 +45,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import make_ca_and_cert
 from zdmq.local import LocalCluster
 
 PORT = 7701
@@ -82,12 +86,16 @@ class NetnsCluster:
         replication: int = 1,
         partitions: int = 256,
         durability: str = "fsync",
+        tls: bool = False,
         **extra: Any,
     ) -> None:
+        """`tls`: the nodes serve HTTPS, with a CA made for the run and a certificate
+        naming every node's address (`NetnsCluster.ssl_context()` trusts it)."""
         if not 1 <= nodes <= 250:
             raise ValueError("1..250 nodes")
         self.directory = Path(directory)
         self.n = nodes
+        self.tls = tls
         self.settings = {
             "replication": min(replication, nodes),
             "partitions": partitions,
@@ -165,6 +173,11 @@ class NetnsCluster:
         secret = self.directory / "node.secret"
         secret.write_text(secrets.token_hex(32) + "\n")
         secret.chmod(0o600)
+        if self.tls:
+            certs = self.directory / "tls"
+            certs.mkdir(exist_ok=True)
+            hosts = [self.addresses[n] for n in self.node_ids]
+            self.settings["tls"] = make_ca_and_cert(certs, hosts)
         raw = {
             "nodes": [{"id": n, "host": self.addresses[n], "port": PORT} for n in self.node_ids],
             **self.settings,
@@ -188,6 +201,11 @@ class NetnsCluster:
     def urls(self) -> list[str]:
         assert self.cluster is not None
         return self.cluster.urls
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """What verifies the nodes' certificates (None without `tls`)."""
+        assert self.cluster is not None
+        return self.cluster.config.client_ssl()
 
     # ---- partitions ------------------------------------------------------------------
     def _nft(self, node_id: str, script: str) -> None:

@@ -8,6 +8,10 @@ recorded in a History for the checker.
 - A receive consumer leases up to 10 messages, records each delivery, then acks them all.
 - A pop consumer pops up to 10 (at-most-once; a pop of unknown outcome may take messages
   no one sees, which the checker bounds with `unknown_pop_capacity`).
+- With a `client` (a factory of `zdmq.Client`), `client_producers` and `client_consumers`
+  push (with dedup ids, retried alike), receive and ack through the Python client instead,
+  which picks the node itself (the leader of the message's replica group); their
+  deliveries and acks name the node `client`.
 - `drain()` runs after the faults are healed: it receives and acks until the queue is empty
   and every node says so.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +37,8 @@ import aiohttp
 import orjson
 
 from tests.fault.history import History
+from zdmq.client import Client
+from zdmq.errors import ZdmqError
 from zdmq.local import LocalCluster
 from zdmq.models import dedup_message_id
 
@@ -135,6 +142,7 @@ class Workload:
         history: History,
         *,
         token: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
         producers: int = 2,
         consumers: int = 2,
         pop_consumers: int = 0,
@@ -143,11 +151,18 @@ class Workload:
         retries: int = 2,
         consumers_after_s: float = 0.0,
         seed: int | None = None,
+        client: Callable[[], Client] | None = None,
+        client_producers: int = 0,
+        client_consumers: int = 0,
     ) -> None:
+        """`client` makes a `zdmq.Client` for the `client_producers` and
+        `client_consumers`, which do what the REST ones do through the Python client (it
+        picks the node: a message's group's leader, following 421s itself)."""
         self.nodes = dict(nodes)
         self.queue = queue
         self.history = history
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.ssl_context = ssl_context  # for https:// nodes
         self.producers = producers
         self.consumers = consumers
         self.pop_consumers = pop_consumers
@@ -155,6 +170,9 @@ class Workload:
         self.timeout_s = timeout_s
         self.retries = retries
         self.consumers_after_s = consumers_after_s
+        self.client = client
+        self.client_producers = client_producers
+        self.client_consumers = client_consumers
         self._pushed: Counter[str] = Counter()
         self.seen: Counter[str] = Counter()  # shared by every Rest of this workload
         self.rng = random.Random(seed)
@@ -166,7 +184,10 @@ class Workload:
         return Rest(session, pick, random.Random(self.rng.random()), self.timeout_s, seen=self.seen)
 
     def session(self) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(headers=self.headers)
+        if self.ssl_context is None:
+            return aiohttp.ClientSession(headers=self.headers)
+        connector = aiohttp.TCPConnector(ssl=self.ssl_context)
+        return aiohttp.ClientSession(headers=self.headers, connector=connector)
 
     async def create_queue(self) -> None:
         async with self.session() as s:
@@ -187,7 +208,19 @@ class Workload:
             tasks += [
                 self._pop(self._rest(s), f"o{i}", deadline) for i in range(self.pop_consumers)
             ]
-            await asyncio.gather(*tasks)
+            if self.client is None or not (self.client_producers or self.client_consumers):
+                await asyncio.gather(*tasks)
+                return
+            async with self.client() as c:
+                tasks += [
+                    self._client_produce(c, f"cp{i}", deadline)
+                    for i in range(self.client_producers)
+                ]
+                tasks += [
+                    self._client_consume(c, f"cc{i}", deadline)
+                    for i in range(self.client_consumers)
+                ]
+                await asyncio.gather(*tasks)
 
     # ---- producers -------------------------------------------------------------------
     async def _produce(self, rest: Rest, process: str, deadline: float) -> None:
@@ -314,6 +347,71 @@ class Workload:
                 continue
             h.ok(process, "pop", [_delivery(m, node) for m in reply["messages"]])
 
+    # ---- through the Python client --------------------------------------------------
+    async def _client_produce(self, c: Client, process: str, deadline: float) -> None:
+        h = self.history
+        while time.monotonic() < deadline:
+            self._pushed[process] += 1
+            dedup_id = f"{process}-{self._pushed[process]}"
+            msg_id = dedup_message_id(self.queue, dedup_id)
+            value = {"id": msg_id, "payload": f"{self.salt}:{dedup_id}"}
+            for _ in range(1 + self.retries):
+                h.invoke(process, "push", value)
+                try:
+                    got = await c.push(
+                        self.queue, value["payload"], content_type="text/plain", dedup_id=dedup_id
+                    )
+                except Exception as e:
+                    if _definite(e):
+                        h.fail(process, "push", {**value, "error": repr(e)})
+                        break
+                    h.info(process, "push", {**value, "error": repr(e)})
+                    self.seen["client unknown"] += 1
+                    await asyncio.sleep(0.05)
+                    if time.monotonic() >= deadline:
+                        break
+                    continue
+                h.ok(process, "push", {**value, "got": got, "node": "client"})
+                break
+
+    async def _client_consume(self, c: Client, process: str, deadline: float) -> None:
+        h = self.history
+        await asyncio.sleep(self.consumers_after_s)
+        while time.monotonic() < deadline:
+            h.invoke(process, "receive", {"max": RECEIVE_MAX})
+            try:
+                msgs = await c.receive(
+                    self.queue, RECEIVE_MAX, visibility_s=self.visibility_s, wait_s=0.5
+                )
+            except Exception as e:
+                (h.fail if _definite(e) else h.info)(process, "receive", {"error": repr(e)})
+                await asyncio.sleep(0.05)
+                continue
+            got = [
+                {"id": m.id, "payload": m.text(), "node": "client", "receipt": m.receipt}
+                for m in msgs
+            ]
+            h.ok(process, "receive", got)
+            if not got:
+                continue
+            ids = [d["id"] for d in got]
+            h.invoke(process, "ack", {"ids": ids})
+            try:
+                result = await c.ack(self.queue, [d["receipt"] for d in got])
+            except Exception as e:
+                (h.fail if _definite(e) else h.info)(process, "ack", {"ids": ids, "error": repr(e)})
+                continue
+            failed = {r.split(".", 1)[0] for r in result.failed}
+            h.ok(
+                process,
+                "ack",
+                {
+                    "acked": [i for i in ids if i not in failed],
+                    "failed": sorted(failed),
+                    "node": "client",
+                },
+            )
+
     # ---- the end ---------------------------------------------------------------------
     async def drain(
         self,
@@ -349,6 +447,16 @@ class Workload:
                 if stats["messages"] == 0 and not stats["unavailable"]:
                     return
                 await asyncio.sleep(0.2)
+
+
+def _definite(e: Exception) -> bool:
+    """A client call that certainly did nothing: a 4xx other than 421 (which a node that
+    forwarded the call may have sent after trying it elsewhere)."""
+    if isinstance(e, ZdmqError):
+        return 400 <= e.status < 500 and e.status != 421
+    if isinstance(e, (OSError, TimeoutError, asyncio.TimeoutError)):
+        return False
+    raise e
 
 
 def _delivery(m: dict[str, Any], node: str) -> dict[str, Any]:

@@ -37,22 +37,48 @@ async def test_a_state_ahead_of_its_log_at_start_resets_the_log_after_it(tmp_pat
     cfg = config(tmp_path)
     data = cfg.node_data_dir("n1")
     data.mkdir(parents=True)
-    # An install that stopped after replacing group n2's state (at index 50, term 3) and
-    # before resetting its log (committed up to 10, entries to 12).
+    # An install (from a leader of term 3) that stopped after replacing group n2's state
+    # (at index 50, term 3) and before resetting its log (committed up to 10, entries to 12).
     await group_state(data / "group-n2.sqlite3", 50, 3)
     with RaftLogStore(data / "raft.sqlite3") as store:
-        store.group("n2").write([Entry(2, i, b"x") for i in range(1, 13)], HardState(2, "n2", 10))
+        store.group("n2").write([Entry(2, i, b"x") for i in range(1, 13)], HardState(3, "n2", 10))
     member = Member(cfg, "n1", b"s" * 32)
     await member.start()
     try:
         assert member.raft is not None and member.store is not None
         glog = member.store.group("n2")
         assert glog.snapshot() == SnapshotMeta(50, 3)
-        assert (glog.last_index(), glog.hard_state()) == (50, HardState(2, "n2", 50))
+        assert (glog.last_index(), glog.hard_state()) == (50, HardState(3, "n2", 50))
         assert member.raft.commit_index("n2") == 50 and member.raft.last_index("n2") == 50
         assert member.log_sizes()["n2"] == {"log_start": 50, "log_last": 50}
         # The other groups, whose state is not ahead, keep their logs.
         assert member.store.group("n1").snapshot() == SnapshotMeta()
+    finally:
+        await member.stop()
+
+
+async def test_a_restored_state_under_a_new_log_starts_the_log_after_it_at_its_term(
+    tmp_path: Path,
+) -> None:
+    """`zdmq restore` writes a group's state (here at index 50, term 4) into a data directory
+    with no Raft log: the new log starts after the state, and its term is the state's, so
+    no entry the group appends later has a lower term than the state's last."""
+    cfg = config(tmp_path)
+    data = cfg.node_data_dir("n1")
+    data.mkdir(parents=True)
+    await group_state(data / "group-n2.sqlite3", 50, 4)
+    member = Member(cfg, "n1", b"s" * 32)
+    await member.start()
+    try:
+        assert member.raft is not None and member.store is not None
+        glog = member.store.group("n2")
+        assert glog.snapshot() == SnapshotMeta(50, 4)
+        assert (glog.last_index(), glog.hard_state()) == (50, HardState(4, None, 50))
+        assert member.raft.commit_index("n2") == 50 and member.raft.last_index("n2") == 50
+        assert member.nodes["n2"].storage.applied == 50
+        # A group restored with nothing in it (a fresh state) keeps an empty log.
+        assert member.store.group("n1").snapshot() == SnapshotMeta()
+        assert member.store.group("n1").hard_state().term == 0
     finally:
         await member.stop()
 

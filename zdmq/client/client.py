@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from zdmq import _http
 from zdmq.auth import TOKEN_ENV, bearer_headers
+from zdmq.backup import GroupBackup, fetch_backup
 from zdmq.config import ClusterConfig
 from zdmq.errors import InternalError, NodeUnavailable, ZdmqError
 from zdmq.hashing import Placement
@@ -642,6 +643,26 @@ class Client:
             once=dedup_id is None,
         )
         return Published.from_wire(reply.json())
+
+    # ---- backups ---------------------------------------------------------------------
+    async def backup(self, directory: str | Path) -> list[GroupBackup]:
+        """A consistent copy of every replica group's state (each node's, with one copy),
+        fetched from the group's leader into `directory` as `group-<g>.sqlite3`, with
+        `backup.json` describing it (zdmq/client/backup.py). Needs a token with admin on
+        every queue. Consistent per group, each copied at its own moment."""
+        self._begin("backup")
+        path = Path(directory)
+
+        def get(group: str, params: Mapping[str, Any]) -> Awaitable[_http.Reply]:
+            return self._call("backup", group, "GET", f"/v1/backup/{group}", params=params)
+
+        p = self.placement
+        layout = {
+            "nodes": [{"id": n, "url": self._urls[n]} for n in p.nodes],
+            "partitions": p.partitions,
+            "replication": p.replication,
+        }
+        return await fetch_backup(get, list(p.nodes), path, layout)
 
     # ---- pop and receive -------------------------------------------------------------
     async def pop(

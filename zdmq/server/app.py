@@ -81,6 +81,7 @@ from zdmq.models import (
 from zdmq.raft.driver import RAFT_CONTENT_TYPE, RAFT_PATH
 from zdmq.routing import GROUP_HEADER
 from zdmq.server import status as cluster_status
+from zdmq.server.backup import BACKUP_COPY_HEADER, BackupCopies
 from zdmq.server.http import App, Request, Response, json_response
 from zdmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from zdmq.server.metrics import NodeMetrics
@@ -107,6 +108,7 @@ log = logging.getLogger("zdmq.http")
 
 NODE = "node"
 MEMBER = "member"
+BACKUPS = "backups"
 CONFIG = "config"
 METRICS = "metrics"
 # `ZDMQ_METRICS=off` in a node's environment: no metrics kept, /metrics answers 404.
@@ -1359,10 +1361,47 @@ async def internal_snapshot(request: Request) -> Response:
     )
 
 
+async def backup(request: Request) -> Response:
+    """A piece of a consistent copy of a replica group's state (backup.py), from the
+    group's leader: without `copy` a new copy made now, else the piece at `offset` of
+    copy `copy`. With one copy (`replication: 1`) the groups are the nodes, each serving
+    its own. 421 from a member that does not lead the group (naming its leader), 404 for
+    a copy the node no longer keeps."""
+    group = request.match_info["group"]
+    member: Member | None = request.app[MEMBER]
+    if member is None:
+        node = request.app[NODE]
+        if group != node.id:
+            raise RouteNotFound(
+                f"with one copy each node backs up its own state: ask node {group[:100]!r}"
+            )
+    else:
+        if group not in member.members:
+            raise RouteNotFound(f"no replica group {group[:100]!r}")
+        node = await member.serving(group)
+    offset = _int_param(request, "offset", 0, 0, 1 << 50)
+    copy = request.query.get("copy")
+    try:
+        chunk = await request.app[BACKUPS].chunk(group, node.storage, offset, copy)
+    except NotImplementedError:
+        raise BadRequest("a node with durability memory keeps no state to back up") from None
+    return Response(
+        body=chunk.data,
+        content_type="application/octet-stream",
+        headers={
+            BACKUP_COPY_HEADER: chunk.copy,
+            SNAPSHOT_INDEX_HEADER: str(chunk.index),
+            SNAPSHOT_TERM_HEADER: str(chunk.term),
+            SNAPSHOT_SIZE_HEADER: str(chunk.size),
+        },
+    )
+
+
 # ---- the application ----------------------------------------------------------------------
 # Who may call each route: OPEN (anyone), NODE_ONLY (another node), ANY_CLIENT (any
-# valid token), or the right a token needs on the route's queue (docs/api.md).
-OPEN, NODE_ONLY, ANY_CLIENT = "open", "node", "any"
+# valid token), CLUSTER_ADMIN (a token with `admin` on every queue: the prefix ""), or the
+# right a token needs on the route's queue (docs/api.md).
+OPEN, NODE_ONLY, ANY_CLIENT, CLUSTER_ADMIN = "open", "node", "any", "cluster_admin"
 READ, WRITE, ADMIN = "read", "write", "admin"
 CLIENTS = "clients"
 
@@ -1405,7 +1444,10 @@ def _guarded(
         if clients is None:
             return
         token = clients.token(headers.get("Authorization"))
-        if need != ANY_CLIENT:
+        if need == CLUSTER_ADMIN:
+            if ADMIN not in rights_on(token, ""):
+                raise Forbidden(f"token {token.name!r} has no admin right on every queue")
+        elif need != ANY_CLIENT:
             match = request.match_info
             require(token, match["topic"] if "topic" in match else match["queue"], need)
 
@@ -1463,6 +1505,7 @@ _QUERY: dict[Callable[..., Any], frozenset[str]] = {
     ack: frozenset({"delay_s"}),
     nack: frozenset({"delay_s"}),
     extend: frozenset({"delay_s", "visibility_s"}),
+    backup: frozenset({"offset", "copy"}),
 }
 
 
@@ -1495,6 +1538,7 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         served = [node]
         app[NODE] = node
     app[MEMBER] = member
+    app[BACKUPS] = BackupCopies(config.node_data_dir(node_id) / "backups")
     sampler = cluster_status.RateSampler(
         lambda: served if member is None else member.nodes.values()
     )
@@ -1585,6 +1629,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/topics/{topic}/messages", publish, WRITE),
     ("POST", "/v1/topics/{topic}/batch", publish, WRITE),
     ("POST", "/v1/broadcast", broadcast, ANY_CLIENT),
+    ("GET", "/v1/backup/{group}", backup, CLUSTER_ADMIN),
     ("POST", "/v1/internal/queues/{queue}/purge", internal_purge, NODE_ONLY),
     ("GET", "/v1/internal/queues/{queue}/depth", internal_depth, NODE_ONLY),
     ("GET", "/v1/internal/owned-queues", internal_owned, NODE_ONLY),

@@ -190,7 +190,8 @@ class Member:
     # ---- compaction and snapshots (the driver's SnapshotHooks) --------------------------
     def _finish_installs(self) -> None:
         """A group state ahead of its log's commit index is a snapshot installed by a
-        process that stopped before it reset the log: the log starts after it. A state
+        process that stopped before it reset the log, or a state restored from a backup
+        under a new log: the log starts after it. A state
         behind the log's compacted prefix cannot be rebuilt: StorageFailed."""
         assert self.store is not None
         for g, node in self.nodes.items():
@@ -206,6 +207,12 @@ class Member:
                     glog.hard_state().commit,
                 )
                 glog.restore(SnapshotMeta(applied, node.storage.applied_term))
+                hard = glog.hard_state()
+                if hard.term < node.storage.applied_term:
+                    # A new log under a restored state (zdmq/backup.py): its terms start
+                    # at the state's, so no later entry has a lower term than the one
+                    # before it.
+                    glog.set_hard_state(hard._replace(term=node.storage.applied_term, vote=None))
             elif applied < glog.snapshot().index:
                 raise StorageFailed(
                     f"group {g}'s state holds index {applied}, but its log starts after "
