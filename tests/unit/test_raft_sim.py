@@ -41,7 +41,7 @@ def test_runs_exercise_the_faults_they_claim() -> None:
     assert sum(r.install_crashes for r in results) > 3
     assert sum(r.lost_early_writes for r in results) > 5
     assert sum(r.leaders for r in results) > 100  # terms that had a leader
-    assert sum(r.acked for r in results) > 800
+    assert sum(r.acked for r in results) > 600
     assert all(r.proposed >= r.acked for r in results)
     # (A run whose leaders all fail fast may never take a proposal.)
     assert sum(r.acked > 0 for r in results) >= len(results) - 2
@@ -138,15 +138,23 @@ def test_a_broken_commit_rule_is_caught_with_a_replay_command(
         return self.log.commit_to(matches[self._quorum() - 1])
 
     monkeypatch.setattr(core.RaftCore, "_maybe_commit", commit_by_counting)
-    # Plain Raft (no lost disks, no guards of new stores, no compaction), where this seed
-    # reaches the state Figure 8 of the Raft paper describes.
-    cfg = SimConfig(nodes=5, steps=1500, disk_loss=0.0, identity_rule=False, compact_every=(0,))
+    # Plain Raft (no lost disks, no guards of new stores, no compaction, a state machine
+    # durable only at its checkpoints), where this seed reaches the state Figure 8 of the
+    # Raft paper describes.
+    cfg = SimConfig(
+        nodes=5,
+        steps=1500,
+        disk_loss=0.0,
+        identity_rule=False,
+        compact_every=(0,),
+        state_writes=0.0,
+    )
     with pytest.raises(SimFailure) as e:
         sim.run(32, cfg)
     assert "over the committed" in str(e.value)
     assert (
         "python -m zdmq.raft.sim --seed 32 --steps 1500 --nodes 5 --disk-loss 0.0 "
-        "--no-compaction --no-identity-rule"
+        "--no-compaction --no-state-writes --no-identity-rule"
     ) in str(e.value)
 
 
@@ -224,3 +232,16 @@ def test_a_restore_that_resets_the_log_whatever_it_holds_is_caught(
     monkeypatch.setattr(core.RaftCore, "restore", restore_anything)
     with pytest.raises(AssertionError):
         sim.run(45, SimConfig(nodes=3))
+
+
+def test_a_log_reset_under_a_state_written_ahead_of_the_commit_index_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A node whose state machine is ahead of the commit index its log records always
+    # takes it for a snapshot whose install was cut short, and drops its log after the
+    # state's index: entries it had acknowledged, which a leader counted in a commit, go.
+    monkeypatch.setattr(sim, "_holds", lambda *_: False)
+    with pytest.raises(SimFailure, match="over the committed"):
+        sim.run(98, SimConfig(nodes=3))
+    monkeypatch.undo()
+    sim.run(98, SimConfig(nodes=3))

@@ -57,6 +57,31 @@ async def test_a_state_ahead_of_its_log_at_start_resets_the_log_after_it(tmp_pat
         await member.stop()
 
 
+async def test_a_state_ahead_of_the_recorded_commit_at_an_entry_its_log_holds_keeps_the_log(
+    tmp_path: Path,
+) -> None:
+    """The host applies entries once committed and persisted and writes the commit index
+    with its next write: a kill -9 in between leaves the state (at 11, term 2) ahead of the
+    recorded commit (10) at an entry the log holds. The log stays whole: its entries after
+    the state (which this member may have acknowledged, counted in a commit) are kept."""
+    cfg = config(tmp_path)
+    data = cfg.node_data_dir("n1")
+    data.mkdir(parents=True)
+    await group_state(data / "group-n2.sqlite3", 11, 2)
+    with RaftLogStore(data / "raft.sqlite3") as store:
+        store.group("n2").write([Entry(2, i, b"x") for i in range(1, 16)], HardState(2, "n2", 10))
+    member = Member(cfg, "n1", b"s" * 32)
+    await member.start()
+    try:
+        assert member.raft is not None and member.store is not None
+        glog = member.store.group("n2")
+        assert glog.snapshot() == SnapshotMeta()
+        assert glog.last_index() == 15
+        assert member.raft.commit_index("n2") == 11 and member.raft.last_index("n2") == 15
+    finally:
+        await member.stop()
+
+
 async def test_a_restored_state_under_a_new_log_starts_the_log_after_it_at_its_term(
     tmp_path: Path,
 ) -> None:

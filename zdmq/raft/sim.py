@@ -42,7 +42,11 @@ as hosts without the rule would, and some seeds then lose a committed entry: see
 Compaction and snapshots: each node keeps a durable copy of its state machine (the
 entries it applied, up to an index: what `group-<g>.sqlite3` is to a real member) and,
 every few applied entries (a small threshold each seed draws, or never), checkpoints it
-there and compacts its log up to a few entries short of it. A follower the leader asks
+there and compacts its log up to a few entries short of it; it also writes it, often, as
+it applies a Ready's committed entries, before the Ready's write records the commit index
+(as a member writes its group state, and the commit index with its next write), so a
+restart finds it ahead of the recorded commit at an entry the log holds: the log stays
+(`--no-state-writes`: durable only at checkpoints). A follower the leader asks
 for a snapshot (`take_snapshot_request`) pulls the leader's applied state a few steps
 later (failing if the leader is down or cut off by then: the leader asks again),
 installs it as `RaftHost` does (the state first, then the log reset, `restore`) and may
@@ -160,6 +164,10 @@ class SimConfig:
     keep_entries: tuple[int, ...] = (0, 1, 3)
     #: The chance a node crashes in the middle of installing a snapshot.
     install_crash: float = 0.2
+    #: The chance that a node's state machine is written as it applies a Ready's committed
+    #: entries, before the Ready's write records the commit index (a member's group state
+    #: file, and the commit index the host writes with its next write).
+    state_writes: float = 0.8
     #: Steps a snapshot takes to arrive from the leader.
     fetch_steps: tuple[int, int] = (1, 6)
 
@@ -267,6 +275,9 @@ class _Sim:
         self.snap_rng = random.Random(f"{seed}/snapshots")
         self.compact_every = self.snap_rng.choice(cfg.compact_every)
         self.keep = self.snap_rng.choice(cfg.keep_entries)
+        # When a node's state machine is written as it applies (a member's group state
+        # file), ahead of the commit index its log records: from a stream of its own.
+        self.state_rng = random.Random(f"{seed}/state")
         for n in self.nodes.values():
             self._start(n)
 
@@ -455,8 +466,10 @@ class _Sim:
             n.state = (0, 0, ())
         n.fetch = None
         index, term, data = n.state
-        if index > n.disk.hard_state().commit:
+        if index > n.disk.hard_state().commit and not _holds(n.disk, index, term):
             # An install crashed after the state, before the log: the log starts after it.
+            # (A state ahead of the recorded commit at an entry the log holds was written
+            # as it applied, before the commit index: the log stays.)
             n.disk.restore(SnapshotMeta(index, term))
             self._log(f"{n.id} finishes installing the snapshot at {index}")
         rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
@@ -635,6 +648,11 @@ class _Sim:
                 if e.data is not None:
                     result = apply_command(n.machine, decode_command(e.data))
                 self.queue.applied(n.id, e, result, self.now)
+            if rd.committed and self.state_rng.random() < self.cfg.state_writes:
+                # The state machine's own file has what it applied, while the commit index
+                # waits for the Ready's write (which a crash may lose): a member's group
+                # state and its lazily written commit index.
+                n.state = (len(n.applied), n.applied[-1].term, tuple(n.applied))
                 if e.data is not None and e.data in self.proposals:
                     self.acked.add(e.data)
         if not write:
@@ -800,12 +818,20 @@ class _Sim:
         )
 
 
+def _holds(disk: WritableStorage, index: int, term: int) -> bool:
+    """Whether `disk`'s log holds the entry at `index`, of `term` (or its compacted prefix
+    ends there)."""
+    return disk.snapshot().index <= index <= disk.last_index() and disk.term_at(index) == term
+
+
 def replay_command(seed: int, cfg: SimConfig) -> str:
     cmd = f"python -m zdmq.raft.sim --seed {seed} --steps {cfg.steps} --nodes {cfg.nodes}"
     if cfg.disk_loss != DISK_LOSS:
         cmd += f" --disk-loss {cfg.disk_loss}"
     if cfg.compact_every == (0,):
         cmd += " --no-compaction"
+    if cfg.state_writes == 0:
+        cmd += " --no-state-writes"
     return cmd if cfg.identity_rule else cmd + " --no-identity-rule"
 
 
@@ -847,6 +873,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="nodes never compact their logs (so no snapshots either)",
     )
+    ap.add_argument(
+        "--no-state-writes",
+        dest="state_writes",
+        action="store_false",
+        help="a node's state machine is durable only at its checkpoints, never ahead of "
+        "the commit index its log records",
+    )
     args = ap.parse_args(argv)
     cfg = SimConfig(
         nodes=args.nodes,
@@ -856,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.compaction:
         cfg = replace(cfg, compact_every=(0,))
+    if not args.state_writes:
+        cfg = replace(cfg, state_writes=0.0)
     for seed in range(args.seed, args.seed + args.seeds):
         try:
             r = run(seed, cfg, print if args.trace else None)

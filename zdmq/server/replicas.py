@@ -56,7 +56,7 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
-from zdmq.raft.sqlite_storage import RaftLogStore
+from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
 from zdmq.raft.storage import Entry, SnapshotMeta
 from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
 from zdmq.server.machine import Command, apply_command, decode_command, encode_command
@@ -189,15 +189,21 @@ class Member:
 
     # ---- compaction and snapshots (the driver's SnapshotHooks) --------------------------
     def _finish_installs(self) -> None:
-        """A group state ahead of its log's commit index is a snapshot installed by a
-        process that stopped before it reset the log, or a state restored from a backup
-        under a new log: the log starts after it. A state
-        behind the log's compacted prefix cannot be rebuilt: StorageFailed."""
+        """A group state ahead of its log's commit index, at an entry its log does not
+        hold, is a snapshot installed by a process that stopped before it reset the log,
+        or a state restored from a backup under a new log: the log starts after it. A
+        state ahead of the commit index at an entry the log holds is the common case: the
+        host applies entries once committed and persisted, and writes the commit index
+        with its next write, so a kill in between leaves the log as it is (the host takes
+        the state's index as committed). A state behind the log's compacted prefix
+        cannot be rebuilt: StorageFailed."""
         assert self.store is not None
         for g, node in self.nodes.items():
             glog = self.store.group(g)
             applied = node.storage.applied
-            if applied > glog.hard_state().commit:
+            if applied > glog.hard_state().commit and not _holds(
+                glog, applied, node.storage.applied_term
+            ):
                 log.warning(
                     "%s: group %s's state holds index %d, its log is committed to %d: "
                     "the log now starts after the state (an install cut short)",
@@ -440,6 +446,12 @@ class Member:
             return _http.call(self.pool, method, self.urls[target] + path, headers=headers, **kw)
 
         return await self.router.call(group, send, once=once)
+
+
+def _holds(glog: GroupLog, index: int, term: int) -> bool:
+    """Whether `glog` holds the entry at `index`, of `term` (or its compacted prefix ends
+    there)."""
+    return glog.snapshot().index <= index <= glog.last_index() and glog.term_at(index) == term
 
 
 def _check_snapshot(path: Path) -> tuple[int, int]:
