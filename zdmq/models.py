@@ -260,6 +260,10 @@ class QueueSettings:
     retention_s: float = 4 * 86_400.0
     dedup_window_s: float = 300.0
     max_message_bytes: int | None = None  # None: the cluster's limit
+    # A FIFO queue: every message has a group, delivered in push order one at a time.
+    fifo: bool = False
+    # (FIFO queues) a message without a dedup_id is deduplicated by a hash of its body.
+    content_based_dedup: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -297,7 +301,14 @@ class QueueSettings:
         if payload.get("max_message_bytes") is not None:
             hi = max_message_bytes if max_message_bytes is not None else 1 << 62
             kw["max_message_bytes"] = int(_number(payload, "max_message_bytes", 1, hi, True))
+        for flag in ("fifo", "content_based_dedup"):
+            if payload.get(flag) is not None:
+                if not isinstance(payload[flag], bool):
+                    raise BadRequest(f"{flag}: expected true or false, got {payload[flag]!r}")
+                kw[flag] = payload[flag]
         settings = cls(**kw)
+        if settings.content_based_dedup and not settings.fifo:
+            raise BadRequest("content_based_dedup is a setting of FIFO queues: give fifo: true")
         if settings.max_receives is not None and settings.dead_letter_queue is None:
             raise BadRequest(
                 "max_receives needs a dead_letter_queue: zdmq never drops a message "

@@ -56,7 +56,7 @@ from zdmq.server.state import (
     Unsubscribe,
 )
 
-QUEUES = ("jobs", "mail", "jobs-dlq")
+QUEUES = ("jobs", "mail", "jobs-dlq", "orders")  # orders is a FIFO queue
 TOPICS = ("events", "jobs")  # "jobs" is a queue's name too: the namespaces are separate
 
 
@@ -93,7 +93,13 @@ class Cluster:
                 mid = f"m{rng.randint(1, self.n)}" if rng.random() < 0.2 else f"m{self.n}"
                 items.append((mid, f"body {self.n}".encode(), rng.choice([None, "text/plain"])))
             dedup = rng.random() < 0.3
-            if rng.random() < 0.5:
+            if q == "orders":  # in FIFO groups, some with attributes
+                pushed = [
+                    (*i, dedup, 0, 0.0, 0.0, rng.choice([None, '{"a":"b"}']), rng.choice("xyz"))
+                    for i in items
+                ]
+                cmd = Push(q, pushed, self.now, 64, 30.0)
+            elif rng.random() < 0.5:
                 cmd = Push(q, [(m, b, ct, dedup) for m, b, ct in items], self.now, 64, 30.0)
             else:  # with priorities, deadlines, delays and attributes
                 options = [
@@ -150,6 +156,9 @@ class Cluster:
             op = rng.choice(
                 [
                     CreateQueue(q, f"inc{self.n}", self.now, QueueSettings(max_receives=2)),
+                    CreateQueue(
+                        q, "f", self.now, QueueSettings(fifo=True, content_based_dedup=True)
+                    ),
                     DropQueue(q, "inc", self.now),
                     Register(q, rng.choice("abc"), f"m{self.n}"),
                     Unregister(q, rng.choice("abc")),

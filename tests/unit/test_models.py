@@ -238,6 +238,8 @@ def test_settings_from_an_empty_create_are_the_documented_defaults(payload: obje
         "retention_s": 345600.0,
         "dedup_window_s": 300.0,
         "max_message_bytes": None,
+        "fifo": False,
+        "content_based_dedup": False,
     }
 
 

@@ -86,7 +86,8 @@ __all__ = [
 # ---- commands --------------------------------------------------------------------------
 class Push(NamedTuple):
     """Stores `items` (id, body, content type, dedup, and optionally priority, deadline,
-    delay_s, attributes: see `push_options`) in `queue`, all arriving at `now`.
+    delay_s, attributes and a FIFO group: see `push_options`) in `queue`, all arriving
+    at `now`.
 
     Result: per item, whether it was a repeat that stored nothing (an id stored already,
     the same id twice in the batch, or a dedup id inside its window); or the error that
@@ -258,7 +259,9 @@ def _push(state: NodeState, c: Push) -> list[bool] | ZdmqError:
                 )
             if held is not None and held != queue and not dedup:
                 return MessageIdConflict(f"message id {mid} is in use by another queue")
-    plain = not any([len(i) > 4 and (i[4] or i[5] or i[6] or i[7]) for i in items])
+    plain = not any(
+        [len(i) > 4 and (i[4] or i[5] or i[6] or i[7] or (len(i) > 8 and i[8])) for i in items]
+    )
     if fresh and not any([i[3] for i in items]) and len({i[0] for i in items}) == len(items):
         # The common case: new ids, each once, no dedup windows.
         if plain:
@@ -280,11 +283,12 @@ def _push(state: NodeState, c: Push) -> list[bool] | ZdmqError:
     return duplicate
 
 
-def _options(item: Sequence[Any]) -> tuple[int, float, float, str | None]:
-    """(priority, deadline, delay_s, attributes) of a Push item (defaults if it has none)."""
+def _options(item: Sequence[Any]) -> tuple[int, float, float, str | None, str | None]:
+    """(priority, deadline, delay_s, attributes, group) of a Push item (defaults if it
+    has none)."""
     if len(item) == 4:
-        return 0, 0.0, 0.0, None
-    return item[4], item[5], item[6], item[7]
+        return 0, 0.0, 0.0, None, None
+    return item[4], item[5], item[6], item[7], item[8] if len(item) > 8 else None
 
 
 def _take(state: NodeState, c: Take) -> list[Taken]:

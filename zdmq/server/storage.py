@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS messages (
     body_ref INTEGER,  -- bodies.id of a body kept out of line (body is then empty), or NULL
     priority INTEGER NOT NULL DEFAULT 0,
     deadline REAL NOT NULL DEFAULT 0,  -- 0: none
-    attributes TEXT  -- a JSON object, or NULL
+    attributes TEXT,  -- a JSON object, or NULL
+    grp TEXT  -- the FIFO group of a FIFO queue's message, or NULL
 );
 -- Bodies above BODY_INLINE_MAX, written with their message's row and deleted with it.
 -- id is the seq the message was pushed with; it never changes while the message lives.
@@ -354,7 +355,7 @@ class SqliteStorage(Storage):
         refs = self._bodies.refs
         for row in conn.execute(
             "SELECT seq, queue, id, enqueued_at, receive_count, lease, lease_until, "
-            "visible_at, origin, body_ref, priority, deadline FROM messages ORDER BY seq"
+            "visible_at, origin, body_ref, priority, deadline, grp FROM messages ORDER BY seq"
         ):
             seq, queue, mid, enqueued_at, count, lease, until, visible, origin, ref = row[:10]
             if ref is not None:
@@ -372,6 +373,7 @@ class SqliteStorage(Storage):
                 now=now,
                 priority=row[10],
                 deadline=row[11],
+                group=row[12],
             )
         state.finish_restore()
         for queue, n in conn.execute("SELECT queue, n FROM expired"):
@@ -515,9 +517,9 @@ class SqliteStorage(Storage):
             if cost <= room - used:
                 o = op[7]  # Push's options
                 if o is None:
-                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, None, 0))
+                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, None, 0, None))
                 else:
-                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, o[3], o[0]))
+                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, o[3], o[0], o[4]))
                 used += cost
         self._recent_bytes += used
 
@@ -650,7 +652,7 @@ class SqliteStorage(Storage):
         for i in range(0, len(seqs), _READ_CHUNK):
             chunk = seqs[i : i + _READ_CHUNK]
             for r in conn.execute(_select_rows(len(chunk), joined), chunk):
-                out[r[6]] = make(r[:6])
+                out[r[7]] = make(r[:7])
         return out
 
     async def close(self) -> None:
@@ -676,7 +678,8 @@ def _select_rows(n: int, joined: bool = False) -> str:
         else "body"
     )
     columns = (
-        f"SELECT id, {body}, content_type, receive_count, attributes, priority, seq FROM messages"
+        f"SELECT id, {body}, content_type, receive_count, attributes, priority, grp, seq "
+        "FROM messages"
     )
     if n == 1:
         return f"{columns} WHERE seq = ?"
@@ -745,6 +748,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
         ("priority", "INTEGER NOT NULL DEFAULT 0"),
         ("deadline", "REAL NOT NULL DEFAULT 0"),
         ("attributes", "TEXT"),
+        ("grp", "TEXT"),
     ):
         if column not in have:
             conn.execute(f"ALTER TABLE messages ADD COLUMN {column} {decl}")
@@ -814,7 +818,8 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
         inline = [op for op in inline if op[7] is None]
         conn.executemany(
             "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, "
-            "priority, deadline, visible_at, attributes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "priority, deadline, visible_at, attributes, grp) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(*op[:6], *op[7]) for op in options],
         )
     if large:
@@ -824,8 +829,8 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
         )
         conn.executemany(
             "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, body_ref, "
-            "priority, deadline, visible_at, attributes) "
-            "VALUES (?, ?, ?, x'', ?, ?, ?, ?, ?, ?, ?)",
+            "priority, deadline, visible_at, attributes, grp) "
+            "VALUES (?, ?, ?, x'', ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     op.queue,
@@ -834,7 +839,7 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
                     op.content_type,
                     op.enqueued_at,
                     op.seq,
-                    *(op.options or (0, 0.0, 0.0, None)),
+                    *(op.options or (0, 0.0, 0.0, None, None)),
                 )
                 for op in large
             ],
