@@ -35,6 +35,7 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
     InternalError,
+    Misrouted,
     NodeUnavailable,
     NotLeader,
     QueueExists,
@@ -51,6 +52,7 @@ from zdmq.models import (
     BATCH_CONTENT_TYPE,
     QueueSettings,
     decode_batch,
+    group_key,
     make_receipt,
     message_from_wire,
 )
@@ -112,6 +114,7 @@ class PushItem(NamedTuple):
     deadline: float = 0.0  # unix seconds; 0: none
     delay_s: float = 0.0  # invisible for this long after the push
     attributes: str | None = None  # a JSON object of string keys and values
+    group: str | None = None  # the FIFO group (a FIFO queue's message: every one has one)
 
 
 class Delivery(NamedTuple):
@@ -124,6 +127,7 @@ class Delivery(NamedTuple):
     receive_count: int = 0
     attributes: str | None = None  # a JSON object of string keys and values
     priority: int = 0
+    group: str | None = None
 
 
 # How often the lease monitor looks at the clock at most, and how often it sweeps
@@ -729,8 +733,9 @@ class Node:
         # No await between the registration check and the push: an unregister can only
         # run on an empty UUID queue under the lock, so it cannot interleave here.
         settings = self.settings[queue]
+        self._check_groups(queue, settings, items)
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready_count()
+        was_empty = lq is None or not lq.deliverable()
         duplicate: list[bool] = await self.execute(
             Push(queue, items, time.time(), settings.max_message_bytes, settings.dedup_window_s)
         )
@@ -740,9 +745,28 @@ class Node:
         if self.metrics is not None:
             self.metrics.count("pushed", queue, stored)
         lq = state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready_count():
+        if was_empty and lq is not None and lq.deliverable():
             self._notify_ready(queue)
         return duplicate
+
+    def _check_groups(self, queue: str, settings: QueueSettings, items: Sequence[PushItem]) -> None:
+        """A FIFO queue's messages each have a group that this node owns, and no
+        priority, deadline or delay; other queues' messages have no group."""
+        if not settings.fifo:
+            if any([item.group is not None for item in items]):
+                raise BadRequest(f"queue {queue!r} is not a FIFO queue: its messages take no group")
+            return
+        owner = self.placement.owner
+        for item in items:
+            if item.group is None:
+                raise BadRequest(f"queue {queue!r} is a FIFO queue: every message needs a group")
+            if item.priority or item.deadline or item.delay_s:
+                raise BadRequest(
+                    f"queue {queue!r} is a FIFO queue: its messages take no priority, "
+                    "deadline, ttl_s or delay_s"
+                )
+            if owner(group_key(queue, item.group)) != self.id:
+                raise Misrouted(f"group {item.group!r} of {queue!r} belongs to another node")
 
     def _notify_ready(self, queue: str) -> None:
         """Tells the metadata owner this node has visible messages (long polls wake).
@@ -811,6 +835,7 @@ class Node:
                         t.receive_count,
                         t.attributes,
                         t.priority,
+                        t.group,
                     )
                     for t in leased
                 ]
@@ -822,7 +847,9 @@ class Node:
                     Take(queue, limit, now, retention, None, "", min_priority)
                 )
                 out = [
-                    Delivery(t.id, t.body, t.content_type, None, 0, t.attributes, t.priority)
+                    Delivery(
+                        t.id, t.body, t.content_type, None, 0, t.attributes, t.priority, t.group
+                    )
                     for t in popped
                 ]
                 self.counters["popped"] += len(out)
@@ -880,7 +907,7 @@ class Node:
             max_receives = settings.max_receives
             dlq = await self._dead_letter_target(queue, settings, [mid for _, mid, _ in leases])
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready_count()
+        was_empty = lq is None or not lq.deliverable()
         cmd = Settle(
             queue,
             action,
@@ -911,7 +938,7 @@ class Node:
         if moved and self.metrics is not None:
             self.metrics.count("dead_lettered", queue, moved)
         lq = self.state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready_count():
+        if was_empty and lq is not None and lq.deliverable():
             self._notify_ready(queue)
         for dlq in dlqs:
             self._notify_ready(dlq)
@@ -968,7 +995,7 @@ class Node:
                 continue
             self._monitor_retry_at.pop(queue, None)
             lq = state.queues.get(queue)
-            was_empty = lq is None or not lq.ready_count()
+            was_empty = lq is None or not lq.deliverable()
             ops = await self.execute(Expire(queue, due, now, settings.max_receives, dlq))
             self.counters["expired"] += len(ops)
             if self.metrics is not None:
@@ -1356,6 +1383,7 @@ def _deliveries_of(reply: _http.Reply) -> list[Delivery]:
                 b.receive_counts or [0] * n,
                 b.attributes or [None] * n,
                 b.priorities or [0] * n,
+                b.groups or [None] * n,
                 strict=True,
             ),
         )
@@ -1374,4 +1402,5 @@ def _delivery_from_wire(item: dict[str, Any]) -> Delivery:
         count,
         orjson.dumps(attrs).decode() if attrs else None,
         int(item.get("priority", 0)),
+        m.group,
     )

@@ -359,7 +359,8 @@ class MemoryRows:
             rows[op.new_seq] = rows.pop(op.seq)
         elif kind is DeadLetter:
             assert isinstance(op, DeadLetter)
-            rows[op.new_seq] = rows.pop(op.seq)._replace(receive_count=0)
+            # In the dead-letter queue a FIFO message is in no group.
+            rows[op.new_seq] = rows.pop(op.seq)._replace(receive_count=0, group=None)
         elif kind is Purge:
             assert isinstance(op, Purge)
             for seq in op.seqs:

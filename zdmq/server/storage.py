@@ -883,7 +883,7 @@ def _w_requeue(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine)
 def _w_dead_letter(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
     conn.executemany(
         "UPDATE messages SET queue = ?, origin = ?, receive_count = 0, lease = NULL, "
-        "lease_until = 0, visible_at = 0, enqueued_at = ?, seq = ? WHERE seq = ?",
+        "lease_until = 0, visible_at = 0, enqueued_at = ?, seq = ?, grp = NULL WHERE seq = ?",
         [(op.dlq, op.queue, op.moved_at, op.new_seq, op.seq) for op in ops],
     )
     if bodies.refs:
