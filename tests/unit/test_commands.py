@@ -29,6 +29,7 @@ from zdmq.models import QueueSettings
 from zdmq.raft.sim_queue import plain, state_view
 from zdmq.server.machine import (
     CancelMessage,
+    Claim,
     Command,
     DropEmpty,
     Expire,
@@ -38,6 +39,8 @@ from zdmq.server.machine import (
     Push,
     Settle,
     Take,
+    Tie,
+    Untie,
     Wake,
     apply_command,
     decode_command,
@@ -174,10 +177,26 @@ class Cluster:
             self.run(rng.choice([PurgeQueue(q), DropEmpty(q)]))
         elif kind == 7:  # cancel a message, perhaps one delivered, leased or cancelled
             self.run(CancelMessage(q, f"m{rng.randint(1, max(self.n, 1))}"))
+        elif kind == 8:  # ties: a new one with tied copies, claims, cancels
+            token = f"t{rng.randint(1, 4)}"
+            roll = rng.random()
+            if roll < 0.4:
+                copies = []
+                for queue in ("jobs", "mail"):
+                    self.n += 1
+                    copies.append((queue, f"m{self.n}"))
+                self.run(Tie(token, copies, self.now))
+                for queue, mid in copies:
+                    item = (mid, b"tied", None, False, 0, 0.0, 0.0, None, None, token)
+                    self.run(Push(queue, [item], self.now))
+            elif roll < 0.85:
+                self.run(Claim(token, f"m{rng.randint(1, max(self.n, 1))}"))
+            else:
+                self.run(Untie(token))
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32), steps=st.lists(st.integers(0, 7), min_size=10, max_size=120))
+@given(seed=st.integers(0, 2**32), steps=st.lists(st.integers(0, 8), min_size=10, max_size=120))
 def test_replicas_fed_the_same_commands_agree_on_every_result_and_the_whole_state(
     seed: int, steps: list[int]
 ) -> None:

@@ -95,6 +95,7 @@ def state_view(state: NodeState) -> Any:
         dict(state.dead_lettered),
         dict(state.expired),
         dict(state.cancelled),
+        [(t, r.copies, r.winner, r.cancelled, r.created_at) for t, r in state.ties.items()],
         state.next_seq,
         state.rows.read(sorted(seqs)),
     )

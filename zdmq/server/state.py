@@ -56,8 +56,10 @@ from zdmq.models import QueueSettings
 
 __all__ = [
     "CANCELS_KEPT",
+    "TIES_KEPT",
     "TOMBSTONES_KEPT",
     "Cancel",
+    "Claimed",
     "CreateQueue",
     "CreateTopic",
     "DeadLetter",
@@ -84,9 +86,12 @@ __all__ = [
     "StoredMessage",
     "Subscribe",
     "Taken",
+    "TieRecord",
+    "Tied",
     "TopicMeta",
     "Unregister",
     "Unsubscribe",
+    "Untied",
     "id_key",
 ]
 
@@ -98,11 +103,14 @@ TOMBSTONES_KEPT = 10_000
 # A node keeps the ids of its last this many cancelled messages (about 150 bytes each), so
 # that a repeated cancel of one of them answers as the first did.
 CANCELS_KEPT = 10_000
+# A group keeps its last this many ties (about 300 bytes each for three copies); a copy of
+# an older tie finds its tie unknown when delivered (docs/design.md §18).
+TIES_KEPT = 1_000_000
 
 
 # ---- operations ------------------------------------------------------------------------
-# priority, deadline, visible_at, attributes, FIFO group (or None)
-PushOptions = tuple[int, float, float, str | None, str | None]
+# priority, deadline, visible_at, attributes, FIFO group (or None), tie token (or None)
+PushOptions = tuple[int, float, float, str | None, str | None, str | None]
 
 
 class CreateQueue(NamedTuple):
@@ -170,7 +178,8 @@ class Push(NamedTuple):
     # None for a message without delivery options (most), else (priority 0..9, deadline
     # or 0: never delivered from then on, visible_at: delayed until then if later than
     # enqueued_at, attributes: a JSON object of strings or None, group: the FIFO group
-    # of a message of a FIFO queue or None).
+    # of a message of a FIFO queue or None, tie: the token of the tie of a tied copy or
+    # None).
     options: PushOptions | None = None
 
 
@@ -250,6 +259,28 @@ class DeadLetter(NamedTuple):
     new_seq: int  # as for Requeue: it joins the DLQ's tail
 
 
+class Tied(NamedTuple):
+    """Records a tie (on the group that owns its token): the copies (queue, id) stored
+    under `token`, of which at most one is delivered (the first to claim it)."""
+
+    token: str
+    copies: tuple[tuple[str, str], ...]
+    created_at: float
+
+
+class Claimed(NamedTuple):
+    """Copy `id` of tie `token` won its claim: it alone may be delivered."""
+
+    token: str
+    id: str
+
+
+class Untied(NamedTuple):
+    """Tie `token` is cancelled: no copy of it may be delivered from now on."""
+
+    token: str
+
+
 class ForgetDedup(NamedTuple):
     """Drops the dedup records whose window ended before `before`."""
 
@@ -274,6 +305,9 @@ Op = (
     | Requeue
     | DeadLetter
     | ForgetDedup
+    | Tied
+    | Claimed
+    | Untied
 )
 
 
@@ -288,6 +322,7 @@ class Row(NamedTuple):
     attributes: str | None = None
     priority: int = 0
     group: str | None = None
+    tie: str | None = None
 
 
 class Rows(Protocol):
@@ -311,6 +346,7 @@ class Taken(NamedTuple):
     attributes: str | None = None
     priority: int = 0
     group: str | None = None
+    tie: str | None = None  # the token of the tie this copy belongs to
 
 
 def id_key(mid: str) -> int | str:
@@ -347,7 +383,7 @@ class MemoryRows:
             if o is None:
                 rows[op.seq] = Row(op.id, op.body, op.content_type, 0)
             else:
-                rows[op.seq] = Row(op.id, op.body, op.content_type, 0, o[3], o[0], o[4])
+                rows[op.seq] = Row(op.id, op.body, op.content_type, 0, o[3], o[0], o[4], o[5])
         elif kind is Remove or kind is Cancel:
             assert isinstance(op, Remove | Cancel)
             rows.pop(op.seq, None)
@@ -735,6 +771,19 @@ class TopicMeta:
         self.subscriptions: dict[str, None] = {}
 
 
+class TieRecord:
+    """A tie: its copies (queue, id), the copy that won its claim (None: none yet) and
+    whether it was cancelled."""
+
+    __slots__ = ("cancelled", "copies", "created_at", "winner")
+
+    def __init__(self, copies: tuple[tuple[str, str], ...], created_at: float) -> None:
+        self.copies = copies
+        self.created_at = created_at
+        self.winner: str | None = None
+        self.cancelled = False
+
+
 class MessageView(NamedTuple):
     """Everything about one stored message, for tests and diagnostics (`NodeState.find`)."""
 
@@ -807,6 +856,8 @@ class NodeState:
         self.expired: Counter[str] = Counter()
         # The last CANCELS_KEPT cancelled ids, oldest first: id -> queue.
         self.cancelled: dict[str, str] = {}
+        # Ties whose token this group owns, oldest first (at most TIES_KEPT).
+        self.ties: dict[str, TieRecord] = {}
         # Deadlines of ready messages: (deadline, seq, queue); stale once the message
         # left ready (its queue's `placed` no longer holds the seq).
         self._deadlines: list[tuple[float, int, str]] = []
@@ -843,7 +894,7 @@ class NodeState:
             if seq >= self.next_seq:
                 self.next_seq = seq + 1
             return
-        priority, deadline, visible_at, _, group = options
+        priority, deadline, visible_at, _, group, _ = options
         if group is not None:  # a FIFO queue's (no priority, deadline or delay)
             lq.join_group(group, seq, enqueued_at)
             self.ready_ids[id_key(mid)] = queue
@@ -960,6 +1011,43 @@ class NodeState:
             rec = self.dedup.get(mid)
             if rec is not None and rec[1] == until:
                 del self.dedup[mid]
+
+    def _apply_tied(self, op: Tied) -> None:
+        ties = self.ties
+        ties[op.token] = TieRecord(tuple((q, mid) for q, mid in op.copies), op.created_at)
+        while len(ties) > TIES_KEPT:
+            del ties[next(iter(ties))]
+
+    def _apply_claimed(self, op: Claimed) -> None:
+        self.ties[op.token].winner = op.id
+
+    def _apply_untied(self, op: Untied) -> None:
+        self.ties[op.token].cancelled = True
+
+    def restore_tie(
+        self,
+        token: str,
+        copies: tuple[tuple[str, str], ...],
+        created_at: float,
+        winner: str | None,
+        cancelled: bool,
+    ) -> None:
+        tie = self.ties[token] = TieRecord(copies, created_at)
+        tie.winner, tie.cancelled = winner, cancelled
+
+    def claim(self, token: str, mid: str) -> str:
+        """Copy `mid` of tie `token` claims its delivery: "won" (the first claim, or this
+        copy's again), "lost" (another copy won, or the tie was cancelled) or "unknown"
+        (no such tie: never made, or forgotten past TIES_KEPT)."""
+        tie = self.ties.get(token)
+        if tie is None:
+            return "unknown"
+        if tie.winner == mid:
+            return "won"
+        if tie.winner is not None or tie.cancelled or all(mid != c[1] for c in tie.copies):
+            return "lost"
+        self.apply(Claimed(token, mid))
+        return "won"
 
     def _apply_register(self, op: Register) -> None:
         self.meta[op.queue].nodes.setdefault(op.node, op.first_uuid)
@@ -1220,16 +1308,22 @@ class NodeState:
     ) -> list[Push]:
         """As `push_many`, each message with its delivery options too: (id, body, content
         type, dedup window, priority, deadline or 0, delay in seconds, attributes, FIFO
-        group or None: may be left out)."""
+        group or None, tie token or None: these two may be left out)."""
         self.wake(now)
         ops: list[Push] = []
         for m in messages:
             mid, body, content_type, window, priority, deadline, delay_s, attrs = m[:8]
             group = m[8] if len(m) > 8 else None
+            tie = m[9] if len(m) > 9 else None
             visible_at = now + delay_s if delay_s > 0 else 0.0
             options = (
-                (priority, deadline, visible_at, attrs, group)
-                if priority or deadline or visible_at or attrs is not None or group is not None
+                (priority, deadline, visible_at, attrs, group, tie)
+                if priority
+                or deadline
+                or visible_at
+                or attrs is not None
+                or group is not None
+                or tie is not None
                 else None
             )
             op = Push(
@@ -1447,7 +1541,7 @@ class NodeState:
         """
 
         def pop_one(seq: int, row: Row) -> tuple[Op, Taken]:
-            taken = Taken(row[0], row[1], row[2], row[3], None, row[4], row[5], row.group)
+            taken = Taken(row[0], row[1], row[2], row[3], None, row[4], row[5], row.group, row.tie)
             return Remove(queue, row.id, seq), taken
 
         ops: list[Op] = []
@@ -1471,7 +1565,7 @@ class NodeState:
 
         def lease_one(seq: int, row: Row) -> tuple[Op, Taken]:
             token, count = new_token(), row.receive_count + 1
-            taken = Taken(row[0], row[1], row[2], count, token, row[4], row[5], row.group)
+            taken = Taken(row[0], row[1], row[2], count, token, row[4], row[5], row.group, row.tie)
             return Lease(queue, row.id, seq, token, until, count), taken
 
         ops: list[Op] = []
@@ -1902,6 +1996,9 @@ _APPLIERS: dict[type, Callable[[NodeState, Any], None]] = {
     DeadLetter: NodeState._apply_dead_letter,
     Purge: NodeState._apply_purge,
     ForgetDedup: NodeState._apply_forget_dedup,
+    Tied: NodeState._apply_tied,
+    Claimed: NodeState._apply_claimed,
+    Untied: NodeState._apply_untied,
     Register: NodeState._apply_register,
     Unregister: NodeState._apply_unregister,
     CreateQueue: NodeState._apply_create,
