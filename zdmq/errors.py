@@ -169,6 +169,11 @@ class MessageNotFound(ZdmqError):
     code = "message_not_found"
 
 
+class TieNotFound(ZdmqError):
+    status = 404
+    code = "tie_not_found"
+
+
 class MessageLeased(ZdmqError):
     status = 409
     code = "message_leased"

@@ -724,6 +724,60 @@ class Client:
         )
         return Published.from_wire(reply.json())
 
+    # ---- tied messages ---------------------------------------------------------------
+    async def push_tied(
+        self,
+        queues: Sequence[str],
+        body: Body,
+        *,
+        content_type: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        token: str | None = None,
+    ) -> tuple[str, dict[str, str]]:
+        """Stores a copy of one message in each of `queues` under one tie: the first
+        receive or pop of any copy cancels the others (docs/api.md, "Tied messages").
+        Returns the tie's token (for `cancel_tied`) and each queue's copy id. A given
+        `token` makes the call idempotent: a retry with it stores no copy twice."""
+        for q in queues:
+            validate_queue_name(q)
+        data, ctype = _bytes(body, content_type)
+        attrs = encode_attributes(dict(attributes) if attributes is not None else None)
+        messages = []
+        for q in queues:
+            m = message_to_wire("", data, ctype)
+            m.pop("id", None)
+            m["queue"] = q
+            if attrs is not None:
+                m["attributes"] = decode_attributes(attrs)
+            messages.append(m)
+        payload: dict[str, Any] = {"messages": messages}
+        if token is not None:
+            payload["token"] = token
+        self._begin("push_tied")
+        home = self.placement.owner(token) if token is not None else self._any_node()
+        reply = await self._call(
+            "push_tied",
+            home,
+            "POST",
+            "/v1/tied",
+            data=_http.dumps(payload),
+            headers=_http.JSON_HEADERS,
+            once=token is None,
+        )
+        j = reply.json()
+        return str(j["token"]), {c["queue"]: c["id"] for c in j["copies"]}
+
+    async def cancel_tied(self, token: str) -> str | None:
+        """Cancels tie `token`: every copy not yet delivered is deleted and none is
+        delivered from now on. Returns the id of the copy that was delivered, or None;
+        TieNotFound (a ZdmqError) when there is no such tie."""
+        self._begin("cancel_tied")
+        reply = await self._call(
+            "cancel_tied", self.placement.owner(token), "DELETE", f"/v1/tied/{token}"
+        )
+        delivered = reply.json().get("delivered")
+        return str(delivered) if delivered is not None else None
+
     # ---- pop and receive -------------------------------------------------------------
     async def pop(
         self, queue: str, *, wait_s: float = 0.0, min_priority: int = 0

@@ -48,6 +48,7 @@ from zdmq.errors import (
     PublishIncomplete,
     QueueNotFound,
     RouteNotFound,
+    TieNotFound,
     Unauthorized,
     ZdmqError,
 )
@@ -615,7 +616,9 @@ def _batch_items(
                 raise
         # Between nodes a dedup message travels by id, flagged (see _batch_wire).
         dedup = dedup_id is not None or (forwarded and m.get("dedup") is True)
-        items.append(PushItem(mid, body, ctype, dedup, *options, group))
+        # Between nodes a tied copy carries its tie's token (POST /v1/tied makes them).
+        tie = _tie_token(m["tie"]) if forwarded and m.get("tie") is not None else None
+        items.append(PushItem(mid, body, ctype, dedup, *options, group, tie))
     return items
 
 
@@ -763,6 +766,8 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
             m["attributes"] = decode_attributes(item.attributes)
         if item.group is not None:
             m["group"] = item.group
+        if item.tie is not None:
+            m["tie"] = item.tie
         wire.append(m)
     return {"messages": wire}
 
@@ -1090,6 +1095,130 @@ async def _on_topic_owner(request: Request) -> tuple[Node, str, Response | None]
     if owner != node.id:
         return node, topic, await _forward(node, owner, request, await request.read())
     return node, topic, None
+
+
+# ---- tied messages --------------------------------------------------------------------------
+_TIE_TOKEN = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+_TIE_NAMESPACE = "tie:"  # a tie's copies' ids: copy_message_id(tie: + token, queue, index)
+
+
+def _tie_token(value: Any) -> str:
+    if not isinstance(value, str) or not _TIE_TOKEN.fullmatch(value):
+        raise BadRequest(f"token {str(value)[:80]!r}: expected 1..64 of [A-Za-z0-9_-]")
+    return value
+
+
+async def push_tied(request: Request) -> Response:
+    """Stores copies of a message in several queues under one tie token, recorded first on
+    the group that owns the token (a call elsewhere is forwarded there)."""
+    node = await _node(request)
+    payload = await _json_body(request)
+    if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
+        raise BadRequest('expected {"messages": [{"queue": ..., "body": ...}, ...]}')
+    raw = payload["messages"]
+    if not 1 <= len(raw) <= node.config.limits.max_batch_messages:
+        raise BadRequest("messages: expected 1..max_batch_messages copies")
+    queues: list[str] = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise InvalidMessage(f"messages[{i}]: expected an object")
+        for key in ("id", "dedup_id", "group"):
+            if m.get(key) is not None:
+                raise BadRequest(f"messages[{i}]: a tied copy takes no {key}")
+        queues.append(validate_queue_name(m.get("queue")))
+    if len(set(queues)) != len(queues):
+        raise BadRequest("messages: one copy a queue")
+    _check_rights(request, queues, WRITE)
+    token = _tie_token(payload["token"]) if payload.get("token") is not None else None
+    if token is None:
+        token = new_message_id().replace("-", "")
+    owner = node.placement.owner(token)
+    if owner != node.id:
+        if _forwarded(request):
+            raise Misrouted(f"tie {token} belongs to {owner}, not {node.id}")
+        reply = await node.peer_call(owner, "POST", "/v1/tied", json={**payload, "token": token})
+        return _relay(reply)
+    items: list[PushItem] = []
+    for i, m in enumerate(raw):
+        body = {k: v for k, v in m.items() if k != "queue"}
+        try:
+            [item] = _batch_items(
+                queues[i],
+                {"messages": [body]},
+                1,
+                node.config.limits.max_message_bytes,
+                False,
+                node.placement.owner,
+            )
+        except ZdmqError as e:
+            e.message = f"messages[{i}]: {e.message.removeprefix('messages[0]: ')}"
+            raise
+        mid = copy_message_id(_TIE_NAMESPACE + token, queues[i], str(i))
+        items.append(item._replace(id=mid, dedup=True, tie=token))
+    copies = [(q, item.id) for q, item in zip(queues, items, strict=True)]
+    await node.tie_local(token, copies)  # before any copy: every stored copy has its tie
+    results = await asyncio.gather(
+        *(_store_items(node, q, [item]) for q, item in zip(queues, items, strict=True)),
+        return_exceptions=True,
+    )
+    failed = []
+    for q, r in zip(queues, results, strict=True):
+        if isinstance(r, ZdmqError):
+            failed.append({"queue": q, "code": r.code, "message": r.message})
+        elif isinstance(r, BaseException):
+            raise r
+    if failed:
+        names = ", ".join(f["queue"] for f in failed)
+        raise PublishIncomplete(
+            f"tie {token}: copies not stored in {names} (the others are): retry with the "
+            "same token",
+            failed=failed,
+        )
+    return _json(
+        {
+            "token": token,
+            "copies": [{"queue": q, "id": mid} for q, mid in copies],
+            "duplicates": sum(r for r in results if isinstance(r, int)),
+        },
+        status=201,
+    )
+
+
+async def cancel_tied(request: Request) -> Response:
+    """Cancels tie `token`: no copy of it is delivered from now on, and every copy still
+    waiting is deleted."""
+    node = await _node(request)
+    token = _tie_token(request.match_info["token"])
+    owner = node.placement.owner(token)
+    if owner != node.id:
+        return await _forward(node, owner, request, None)
+    tie = node.state.ties.get(token)
+    if tie is not None:
+        _check_rights(request, [q for q, _ in tie.copies], WRITE)
+    result = await node.untie_local(token)
+    if result is None:
+        raise TieNotFound(f"no tie {token} (never made, or forgotten)")
+    copies, winner = result
+    waiting = [(q, mid) for q, mid in copies if mid != winner]
+    verdicts = await node._cancel_copies(waiting)
+    return _json(
+        {
+            "token": token,
+            "delivered": winner,
+            "cancelled": sum(v == "cancelled" for v in verdicts),
+        }
+    )
+
+
+async def internal_claim(request: Request) -> Response:
+    """A claim by the node delivering a tied copy, on the leader of the token's group."""
+    node = await _node(request)
+    payload = await _json_body(request)
+    token, mid = _field(payload, "token"), _field(payload, "id")
+    if node.placement.owner(token) != node.id:
+        raise Misrouted(f"tie {token} belongs to {node.placement.owner(token)}, not {node.id}")
+    verdict, copies = await node.claim_local(token, mid)
+    return _json({"verdict": verdict, "copies": [list(c) for c in copies]})
 
 
 def _check_rights(request: Request, names: Iterable[str], right: str) -> None:
@@ -1749,6 +1878,9 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/topics/{topic}/messages", publish, WRITE),
     ("POST", "/v1/topics/{topic}/batch", publish, WRITE),
     ("POST", "/v1/broadcast", broadcast, ANY_CLIENT),
+    ("POST", "/v1/tied", push_tied, ANY_CLIENT),
+    ("DELETE", "/v1/tied/{token}", cancel_tied, ANY_CLIENT),
+    ("POST", "/v1/internal/claim", internal_claim, NODE_ONLY),
     ("POST", "/v1/internal/queues/{queue}/purge", internal_purge, NODE_ONLY),
     ("GET", "/v1/internal/queues/{queue}/depth", internal_depth, NODE_ONLY),
     ("GET", "/v1/internal/owned-queues", internal_owned, NODE_ONLY),
