@@ -664,6 +664,7 @@ def _frame_items(
             repeat(0.0),
             repeat(None),
             repeat(None),
+            repeat(None),
         )
         return list(map(PushItem._make, rows))
     items: list[PushItem] = []
@@ -816,7 +817,7 @@ async def _store_items(node: Node, queue: str, items: list[PushItem]) -> int:
             # A frame carries a dedup id, not the id derived from it: JSON says "dedup".
             reply = await node.peer_call(owner, "POST", path, json=_batch_wire(part))
         else:
-            ids, bodies, ctypes, _, prios, deadlines, delays, attrs, groups = zip(
+            ids, bodies, ctypes, _, prios, deadlines, delays, attrs, groups, _ = zip(
                 *part, strict=True
             )
             frame = encode_batch(
