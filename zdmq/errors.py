@@ -63,6 +63,7 @@ __all__ = [
     "RouteNotFound",
     "StorageFailed",
     "SubscriptionNotFound",
+    "TieNotFound",
     "TopicExists",
     "TopicNotFound",
     "Unauthorized",

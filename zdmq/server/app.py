@@ -1156,6 +1156,12 @@ async def push_tied(request: Request) -> Response:
             raise
         mid = copy_message_id(_TIE_NAMESPACE + token, queues[i], str(i))
         items.append(item._replace(id=mid, dedup=True, tie=token))
+    found = await asyncio.gather(
+        *(node.metadata_via_owner(q) for q in queues), return_exceptions=True
+    )
+    missing = [q for q, r in zip(queues, found, strict=True) if isinstance(r, QueueNotFound)]
+    if missing:
+        raise QueueNotFound(f"queue(s) {missing} do not exist: nothing was stored")
     copies = [(q, item.id) for q, item in zip(queues, items, strict=True)]
     await node.tie_local(token, copies)  # before any copy: every stored copy has its tie
     results = await asyncio.gather(
