@@ -813,7 +813,9 @@ class Node:
         state = self.state
         lq = state.queues.get(queue)
         now = time.time()
-        if lq is not None and (lq.ready_count() or (lq.delayed and state.delays_due(now))):
+        # (A FIFO queue whose groups all have a message out has nothing to take: no
+        # command for nothing.)
+        if lq is not None and (lq.deliverable() or (lq.delayed and state.delays_due(now))):
             settings = self.settings.get(queue)
             if settings is None:
                 try:
