@@ -63,6 +63,7 @@ __all__ = [
     "RouteNotFound",
     "StorageFailed",
     "SubscriptionNotFound",
+    "TieNotFound",
     "TopicExists",
     "TopicNotFound",
     "Unauthorized",
@@ -167,6 +168,11 @@ class RequestTimeout(ZdmqError):
 class MessageNotFound(ZdmqError):
     status = 404
     code = "message_not_found"
+
+
+class TieNotFound(ZdmqError):
+    status = 404
+    code = "tie_not_found"
 
 
 class MessageLeased(ZdmqError):

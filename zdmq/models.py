@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import math
 import os
@@ -42,6 +43,7 @@ __all__ = [
     "QueueStats",
     "ReceivedMessage",
     "attributes_header",
+    "content_dedup_id",
     "copy_message_id",
     "decode_attributes",
     "decode_batch",
@@ -51,14 +53,18 @@ __all__ = [
     "encode_attributes",
     "encode_batch",
     "encode_body",
+    "fifo_message_id",
+    "group_key",
     "make_receipt",
     "message_from_wire",
     "message_to_wire",
     "new_message_id",
     "new_message_ids",
+    "new_message_ids_on",
     "parse_receipt",
     "received_from_wire",
     "validate_content_type",
+    "validate_group",
     "validate_message_id",
     "validate_queue_name",
 ]
@@ -84,6 +90,7 @@ class Message:
     content_type: str | None = None
     attributes: dict[str, str] = field(default_factory=dict, hash=False)
     priority: int = 0
+    group: str | None = None  # its FIFO group (a FIFO queue's message)
 
     def text(self, encoding: str = "utf-8") -> str:
         return self.body.decode(encoding)
@@ -100,6 +107,7 @@ class ReceivedMessage:
     content_type: str | None = None
     attributes: dict[str, str] = field(default_factory=dict, hash=False)
     priority: int = 0
+    group: str | None = None  # its FIFO group (a FIFO queue's message)
 
     def text(self, encoding: str = "utf-8") -> str:
         return self.body.decode(encoding)
@@ -260,6 +268,10 @@ class QueueSettings:
     retention_s: float = 4 * 86_400.0
     dedup_window_s: float = 300.0
     max_message_bytes: int | None = None  # None: the cluster's limit
+    # A FIFO queue: every message has a group, delivered in push order one at a time.
+    fifo: bool = False
+    # (FIFO queues) a message without a dedup_id is deduplicated by a hash of its body.
+    content_based_dedup: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -297,7 +309,14 @@ class QueueSettings:
         if payload.get("max_message_bytes") is not None:
             hi = max_message_bytes if max_message_bytes is not None else 1 << 62
             kw["max_message_bytes"] = int(_number(payload, "max_message_bytes", 1, hi, True))
+        for flag in ("fifo", "content_based_dedup"):
+            if payload.get(flag) is not None:
+                if not isinstance(payload[flag], bool):
+                    raise BadRequest(f"{flag}: expected true or false, got {payload[flag]!r}")
+                kw[flag] = payload[flag]
         settings = cls(**kw)
+        if settings.content_based_dedup and not settings.fifo:
+            raise BadRequest("content_based_dedup is a setting of FIFO queues: give fifo: true")
         if settings.max_receives is not None and settings.dead_letter_queue is None:
             raise BadRequest(
                 "max_receives needs a dead_letter_queue: zdmq never drops a message "
@@ -424,6 +443,61 @@ def copy_message_id(source: str, queue: str, dedup_id: Any) -> str:
     return str(uuid.uuid5(_COPY_NAMESPACE, f"{source}\x00{queue}\x00{dedup_id}"))
 
 
+_GROUP = re.compile(r"[!-~]{1,128}")
+# Namespace of the ids of FIFO messages derived from a dedup id (or a body's hash).
+_FIFO_NAMESPACE = uuid.uuid5(_DEDUP_NAMESPACE, "zdmq fifo")
+
+
+def validate_group(value: Any) -> str:
+    """`value` if it is a FIFO group: 1..128 visible ASCII characters (it travels in a
+    header); BadRequest otherwise."""
+    if isinstance(value, str) and _GROUP.fullmatch(value):
+        return value
+    shown = repr(value[:40] if isinstance(value, str) else value)
+    raise BadRequest(f"group {shown}: expected 1..128 visible ASCII characters")
+
+
+def group_key(queue: str, group: str) -> str:
+    """The key whose owner keeps every message of FIFO group `group` of `queue`."""
+    return f"{queue}\x00{group}"
+
+
+def content_dedup_id(body: bytes) -> str:
+    """The dedup id of a message of a queue with `content_based_dedup`: its body's hash."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def fifo_message_id(
+    queue: str, group: str, dedup_id: Any, owner: Callable[[str], str], node: str
+) -> str:
+    """The message id a FIFO message with `dedup_id` is stored under: the same on every
+    retry, and one that `owner` places on `node` (the owner of the group): uuid5 of
+    queue, group, dedup id and a counter, the first of the counter's values that lands
+    there (about N tries on N nodes)."""
+    if not isinstance(dedup_id, str) or not 1 <= len(dedup_id) <= 256:
+        raise InvalidMessage("dedup_id: expected a string of 1..256 characters")
+    for i in range(1_000_000):
+        mid = str(uuid.uuid5(_FIFO_NAMESPACE, f"{queue}\x00{group}\x00{dedup_id}\x00{i}"))
+        if owner(mid) == node:
+            return mid
+    raise AssertionError(f"no id lands on {node}")  # pragma: no cover - 1e6 misses
+
+
+def new_message_ids_on(n: int, owner: Callable[[str], str], node: str) -> list[str]:
+    """`n` fresh random message ids that `owner` places on `node` (a FIFO group's
+    owner): drawn until they land there, about N draws an id on N nodes."""
+    ids: list[str] = []
+    while len(ids) < n:
+        h = _urandom(16 * 64).hex()  # 64 candidates a read
+        for i in range(0, 32 * 64, 32):
+            mid = _uuid4_at(h, i)
+            if owner(mid) == node:
+                ids.append(mid)
+                if len(ids) == n:
+                    break
+    return ids
+
+
 def make_receipt(msg_id: str, token: str) -> str:
     """A receipt names its message id first, so it routes zero-hop to the message's node."""
     return f"{msg_id}.{token}"
@@ -519,12 +593,14 @@ def message_from_wire(item: Any) -> Message:
         raise InvalidMessage("reply message: expected an object with id, body, encoding")
     body = decode_body(item.get("body"), item.get("encoding", "utf-8"), 1 << 62)
     attrs = item.get("attributes")
+    group = item.get("group")
     return Message(
         item["id"],
         body,
         item.get("content_type"),
         attrs if isinstance(attrs, dict) else {},
         int(item.get("priority", 0)),
+        group if isinstance(group, str) else None,
     )
 
 
@@ -533,7 +609,9 @@ def received_from_wire(item: Any) -> ReceivedMessage:
     receipt, count = item.get("receipt"), item.get("receive_count")
     if not isinstance(receipt, str) or not isinstance(count, int):
         raise InvalidMessage("reply message: expected a receipt and a receive_count")
-    return ReceivedMessage(m.id, m.body, receipt, count, m.content_type, m.attributes, m.priority)
+    return ReceivedMessage(
+        m.id, m.body, receipt, count, m.content_type, m.attributes, m.priority, m.group
+    )
 
 
 # ---- the binary batch format ---------------------------------------------------------------
@@ -560,6 +638,7 @@ BATCH_DEADLINES = 128  # times column: deadlines in unix seconds (0: none)
 BATCH_TTLS = 256  # times column: ttl_s, seconds from the push (0: none)
 BATCH_DELAYS = 512  # times column: delay_s
 BATCH_ATTRIBUTES = 1024  # strings column (UTF-8): attributes, each a JSON object
+BATCH_GROUPS = 2048  # strings column (ASCII): FIFO groups
 _BATCH_FIELDS = (
     BATCH_IDS | BATCH_BODIES | BATCH_CONTENT_TYPES | BATCH_DEDUP_IDS | BATCH_RECEIPTS
 ) | (
@@ -569,6 +648,7 @@ _BATCH_FIELDS = (
     | BATCH_TTLS
     | BATCH_DELAYS
     | BATCH_ATTRIBUTES
+    | BATCH_GROUPS
 )
 _BATCH_MAGIC = b"ZQB1"
 _BATCH_HEAD = 12
@@ -595,6 +675,7 @@ class Batch:
     ttls: list[float] | None = None
     delays: list[float] | None = None
     attributes: list[str | None] | None = None
+    groups: list[str | None] | None = None
 
 
 def _f64s(values: Iterable[float]) -> bytes:
@@ -631,6 +712,7 @@ def encode_batch(
     ttls: Sequence[float] | None = None,
     delays: Sequence[float] | None = None,
     attributes: Sequence[str | None] | None = None,
+    groups: Sequence[str | None] | None = None,
 ) -> bytes:
     """A batch frame of the columns given (all of the same length). A column of
     optional strings that holds only None is left out: a reader takes it as all None;
@@ -648,6 +730,7 @@ def encode_batch(
         ttls,
         delays,
         attributes,
+        groups,
     )
     given = [c for c in columns if c is not None]
     count = len(given[0]) if given else 0
@@ -683,6 +766,9 @@ def encode_batch(
     if attributes is not None and any(v is not None for v in attributes):
         fields |= BATCH_ATTRIBUTES
         parts += _strings(attributes)
+    if groups is not None and any(v is not None for v in groups):
+        fields |= BATCH_GROUPS
+        parts += _strings(groups)
     return b"".join([_BATCH_MAGIC, _u32s((count, fields)), *parts])
 
 
@@ -753,6 +839,9 @@ def decode_batch(frame: bytes, *, max_count: int | None = None) -> Batch:
     if fields & BATCH_ATTRIBUTES:
         raw, pos = _read_strings(frame, pos, count, "attributes")
         batch.attributes = _texts(raw, "attributes")
+    if fields & BATCH_GROUPS:
+        raw, pos = _read_strings(frame, pos, count, "groups")
+        batch.groups = _texts(raw, "groups")
     if pos != n:
         raise BadRequest(f"batch frame: {n - pos} bytes after its last column")
     return batch

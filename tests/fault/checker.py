@@ -330,3 +330,116 @@ def _changed(op: Op) -> list[tuple[str, str]]:
     if op.f == "ack" and "node" in (value or {}):
         return [(value["node"], i) for i in value.get("acked", ())]
     return []
+
+
+# ---- FIFO groups -----------------------------------------------------------------------------
+@dataclass
+class FifoReport:
+    """What `check_fifo` found: deliveries and acks seen, and every broken rule."""
+
+    deliveries: int = 0
+    redeliveries: int = 0
+    acked: set[str] = field(default_factory=set)  # payloads whose ack was ok
+    delivered: set[str] = field(default_factory=set)  # payloads delivered at least once
+    out_of_order: list[str] = field(default_factory=list)
+    overlapping: list[str] = field(default_factory=list)
+    resurrected: list[str] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        return [*self.out_of_order[:10], *self.overlapping[:10], *self.resurrected[:10]]
+
+
+def check_fifo(events: Iterable[Event], visibility_s: float) -> FifoReport:
+    """Checks a FIFO workload's history (payloads `<group>:<n>`, n the push order).
+
+    - In order: when a receive answers with message n of a group, every earlier message of
+      that group has an ack (ok and taking effect, or of unknown outcome) invoked before
+      that answer: a later message is never delivered before an earlier one is acked. (A
+      redelivery of the message in flight, its lease run out, is allowed.)
+    - One at a time: each delivery's client-side hold, from the receive's answer to the
+      invoke of its ack, or to the receive's invoke plus the visibility timeout if that is
+      earlier (the lease cannot have ended before then), lies inside the node's lease. So
+      the holds of one group's deliveries never overlap.
+    - Nothing comes back: no receive that began after an ok ack of a message ended
+      delivers it again.
+    """
+    ops, _ = pair(events)
+    report = FifoReport()
+    payload_of: dict[str, str] = {}
+    for op in ops:
+        if op.f == "receive" and op.type == OK:
+            for d in op.value:
+                payload_of[d["id"]] = d["payload"]
+    # Per payload: the times acks of it were invoked (ok and taking effect, or unknown),
+    # and when the first ok one ended.
+    ack_invokes: defaultdict[str, list[float]] = defaultdict(list)
+    acked_at: dict[str, float] = {}
+    next_ack: dict[tuple[str, int], Op] = {}  # (process, index of its receive) -> its ack
+    last_receive: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        if op.f == "receive":
+            last_receive[op.process] = i
+        elif op.f == "ack":
+            if op.process in last_receive:
+                next_ack[(op.process, last_receive.pop(op.process))] = op
+            if op.type == FAIL:
+                continue
+            took = set(op.value["acked"]) if op.type == OK else set(op.invoke_value["ids"])
+            for mid in took:
+                payload = payload_of.get(mid)
+                if payload is None:
+                    continue
+                ack_invokes[payload].append(op.start)
+                if op.type == OK:
+                    report.acked.add(payload)
+                    acked_at[payload] = min(acked_at.get(payload, math.inf), op.end)
+    # Per group: for each n, the latest of the first ack invokes of messages 0..n-1 (and
+    # which message that is): message n may go once that time has passed.
+    prefix: dict[str, list[tuple[float, str]]] = {}
+
+    def acked_by(group: str, n: int) -> tuple[float, str]:
+        table = prefix.get(group)
+        if table is None:
+            table = prefix[group] = [(-math.inf, "")]
+        while len(table) <= n:
+            m = len(table) - 1
+            first = min(ack_invokes.get(f"{group}:{m}", [math.inf]))
+            table.append(max(table[-1], (first, f"{group}:{m}")))
+        return table[n]
+
+    holds: defaultdict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    seen = report.delivered
+    for i, op in enumerate(ops):
+        if op.f != "receive" or op.type != OK:
+            continue
+        ack = next_ack.get((op.process, i))
+        for d in op.value:
+            payload = d["payload"]
+            group, n = payload.rsplit(":", 1)
+            report.deliveries += 1
+            report.redeliveries += payload in seen
+            seen.add(payload)
+            if d.get("group") != group:
+                report.out_of_order.append(f"{payload} delivered with group {d.get('group')}")
+            if acked_at.get(payload, math.inf) < op.start:
+                report.resurrected.append(f"{payload} delivered again after its ack")
+            latest, earlier = acked_by(group, int(n))
+            if latest >= op.end:
+                report.out_of_order.append(
+                    f"{payload} delivered at {op.end:.3f} before {earlier} was acked"
+                )
+            end = op.start + visibility_s
+            if ack is not None:
+                end = min(end, ack.start)
+            holds[group].append((op.end, end, payload))
+    for spans in holds.values():
+        spans.sort()
+        reach, holder = -math.inf, ""
+        for start, end, payload in spans:
+            if start < reach:
+                report.overlapping.append(
+                    f"{payload} held from {start:.3f} while {holder} was held until {reach:.3f}"
+                )
+            if end > reach:
+                reach, holder = end, payload
+    return report

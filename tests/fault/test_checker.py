@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.checker import acked_during, check, cut_changes, fault_windows, pair
+from tests.fault.checker import (
+    acked_during,
+    check,
+    check_fifo,
+    cut_changes,
+    fault_windows,
+    pair,
+)
 from tests.fault.history import History
 
 
@@ -292,3 +299,56 @@ def test_cut_changes_flag_a_minority_side_only_for_calls_inside_the_cut() -> Non
         ("push", "n1/e", "n1", False),
     }
     assert "no majority" in str(next(c for c in changes if c.msg_id == "n3/b"))
+
+
+# ---- the FIFO checker ------------------------------------------------------------------------
+def fifo_receive(h: History, p: str, *payloads: str) -> None:
+    """A receive of messages `<group>:<n>` (their id is their payload)."""
+    h.invoke(p, "receive", {"max": 10})
+    h.ok(
+        p,
+        "receive",
+        [{"id": x, "payload": x, "receipt": f"{x}.r", "group": x.split(":")[0]} for x in payloads],
+    )
+
+
+def test_a_fifo_history_in_order_one_at_a_time_is_clean() -> None:
+    h = History()
+    fifo_receive(h, "c1", "a:0", "b:0")
+    ack(h, "c1", "a:0", "b:0")
+    fifo_receive(h, "c2", "a:1")
+    ack(h, "c2", "a:1")
+    r = check_fifo(h, visibility_s=30)
+    assert r.problems() == [] and r.acked == {"a:0", "b:0", "a:1"} and r.deliveries == 3
+
+
+def test_a_later_message_before_the_earlier_one_is_acked_is_out_of_order() -> None:
+    h = History()
+    fifo_receive(h, "c1", "a:0")
+    fifo_receive(h, "c2", "a:1")  # a:0 is still held by c1
+    ack(h, "c1", "a:0")
+    ack(h, "c2", "a:1")
+    r = check_fifo(h, visibility_s=30)
+    assert any("a:1 delivered" in p and "before a:0" in p for p in r.out_of_order)
+    assert any("a:1 held" in p for p in r.overlapping)
+
+
+def test_a_skipped_message_is_out_of_order_and_a_lease_that_ran_out_is_not_overlap() -> None:
+    h = History()
+    fifo_receive(h, "c1", "a:1")  # a:0 never delivered
+    r = check_fifo(h, visibility_s=30)
+    assert r.out_of_order and not r.overlapping
+    h = History()
+    fifo_receive(h, "c1", "a:0")  # held until the lease runs out: no ack
+    fifo_receive(h, "c2", "a:0")  # redelivered after the visibility timeout
+    ack(h, "c2", "a:0")
+    assert check_fifo(h, visibility_s=0.0).problems() == []
+    assert check_fifo(h, visibility_s=30).overlapping  # within it: two holds at once
+
+
+def test_a_fifo_message_delivered_after_its_ack_is_resurrected() -> None:
+    h = History()
+    fifo_receive(h, "c1", "a:0")
+    ack(h, "c1", "a:0")
+    fifo_receive(h, "c2", "a:0")
+    assert check_fifo(h, visibility_s=30).resurrected

@@ -464,3 +464,156 @@ def _delivery(m: dict[str, Any], node: str) -> dict[str, Any]:
     if "receipt" in m:
         d["receipt"] = m["receipt"]
     return d
+
+
+# ---- FIFO groups -----------------------------------------------------------------------------
+class FifoWorkload:
+    """Producers and consumers of a FIFO queue over REST, each call to a random node.
+
+    - One producer per group pushes its messages in order, `batch` at a time (a JSON batch
+      whose messages carry the group and a dedup id `<group>-<n>`, body `<group>:<n>`), and
+      retries a batch whose outcome is unknown until it is ok: a group's push order is n.
+    - `consumers` consumers receive up to 10, wait a small random while (the processing),
+      then ack them all; every receive and ack is in the history (deliveries carry their
+      group), for `check_fifo`.
+    """
+
+    def __init__(
+        self,
+        nodes: Mapping[str, str],
+        queue: str,
+        history: History,
+        *,
+        groups: int,
+        per_group: int,
+        consumers: int,
+        visibility_s: float = 3.0,
+        timeout_s: float = 1.5,
+        batch: int = 10,
+        seed: int | None = None,
+    ) -> None:
+        self.nodes = dict(nodes)
+        self.queue = queue
+        self.history = history
+        self.groups = [f"g{i:02d}" for i in range(groups)]
+        self.per_group = per_group
+        self.consumers = consumers
+        self.visibility_s = visibility_s
+        self.timeout_s = timeout_s
+        self.batch = batch
+        self.rng = random.Random(seed)
+        self.seen: Counter[str] = Counter()  # shared by every Rest of this workload
+        self.acked: set[str] = set()  # payloads whose ack was ok
+        self.settled: set[str] = set()  # and those whose ack's outcome is unknown
+        self.pushed = 0  # messages whose push was ok
+
+    @property
+    def total(self) -> int:
+        return len(self.groups) * self.per_group
+
+    def _rest(self, session: aiohttp.ClientSession) -> Rest:
+        rng = random.Random(self.rng.random())
+        return Rest(session, self.nodes, rng, self.timeout_s, seen=self.seen)
+
+    async def create_queue(self) -> None:
+        async with aiohttp.ClientSession() as s:
+            await self._rest(s).call(
+                "PUT",
+                f"/v1/queues/{self.queue}",
+                json={"fifo": True, "visibility_timeout_s": self.visibility_s},
+            )
+
+    async def run(self, until_s: float) -> None:
+        """Runs producers and consumers until every message was acked (or its ack's
+        outcome is unknown), then receives and acks until the queue is empty (an ack of
+        unknown outcome may not have taken effect); AssertionError past `until_s`."""
+        deadline = time.monotonic() + until_s
+        async with aiohttp.ClientSession() as s:
+            tasks = [self._produce(self._rest(s), g, deadline) for g in self.groups]
+            tasks += [
+                self._consume(self._rest(s), f"c{i}", deadline) for i in range(self.consumers)
+            ]
+            await asyncio.gather(*tasks)
+            rest = self._rest(s)
+            while time.monotonic() < deadline:
+                if await self._receive_and_ack(rest, "drain"):
+                    continue
+                try:
+                    _, stats = await rest.call("GET", f"/v1/queues/{self.queue}")
+                except Outcome:
+                    await asyncio.sleep(0.2)
+                    continue
+                if stats["messages"] == 0 and not stats["unavailable"]:
+                    return
+                await asyncio.sleep(0.2)
+        raise AssertionError(f"queue {self.queue} not drained in {until_s}s")
+
+    async def _produce(self, rest: Rest, group: str, deadline: float) -> None:
+        h, process = self.history, f"p{group}"
+        for start in range(0, self.per_group, self.batch):
+            ns = range(start, min(start + self.batch, self.per_group))
+            messages = [
+                {"body": f"{group}:{n}", "group": group, "dedup_id": f"{group}-{n}"} for n in ns
+            ]
+            while time.monotonic() < deadline:
+                value = {"payloads": [m["body"] for m in messages]}
+                h.invoke(process, "push", value)
+                try:
+                    node, reply = await rest.call(
+                        "POST", f"/v1/queues/{self.queue}/batch", json={"messages": messages}
+                    )
+                except Outcome as e:
+                    if e.definite:
+                        h.fail(process, "push", {**value, "error": str(e)})
+                        raise AssertionError(f"a FIFO push was refused: {e}") from e
+                    h.info(process, "push", {**value, "error": str(e)})
+                    await asyncio.sleep(0.05)
+                    continue
+                h.ok(process, "push", {**value, "ids": reply["ids"], "node": node})
+                self.pushed += len(messages)
+                break
+
+    async def _consume(self, rest: Rest, process: str, deadline: float) -> None:
+        while time.monotonic() < deadline and len(self.settled) < self.total:
+            await self._receive_and_ack(rest, process)
+
+    async def _receive_and_ack(self, rest: Rest, process: str) -> bool:
+        """One receive, the processing, and the ack of what it got; whether it got any."""
+        h = self.history
+        h.invoke(process, "receive", {"max": RECEIVE_MAX})
+        try:
+            node, reply = await rest.call(
+                "POST",
+                f"/v1/queues/{self.queue}/receive",
+                params={"max": RECEIVE_MAX, "wait_s": 0.2},
+                extra_s=0.2,
+            )
+        except Outcome as e:
+            (h.fail if e.definite else h.info)(process, "receive", {"error": str(e)})
+            await asyncio.sleep(0.05)
+            return False
+        got = [{**_delivery(m, node), "group": m.get("group")} for m in reply["messages"]]
+        h.ok(process, "receive", got)
+        if not got:
+            return False
+        await asyncio.sleep(self.rng.uniform(0.0, 0.02))  # the processing
+        ids = [d["id"] for d in got]
+        h.invoke(process, "ack", {"ids": ids})
+        try:
+            node, reply = await rest.call(
+                "POST",
+                f"/v1/queues/{self.queue}/ack",
+                json={"receipts": [d["receipt"] for d in got]},
+            )
+        except Outcome as e:
+            (h.fail if e.definite else h.info)(process, "ack", {"ids": ids, "error": str(e)})
+            if not e.definite:
+                self.settled.update(d["payload"] for d in got)
+            return True
+        failed = {f["receipt"].split(".", 1)[0] for f in reply["failed"]}
+        acked = [i for i in ids if i not in failed]
+        h.ok(process, "ack", {"acked": acked, "failed": sorted(failed), "node": node})
+        done = [d["payload"] for d in got if d["id"] not in failed]
+        self.acked.update(done)
+        self.settled.update(done)
+        return True

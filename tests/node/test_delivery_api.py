@@ -123,6 +123,8 @@ async def test_put_queue_with_every_setting_reports_them_back(http: Http) -> Non
         "retention_s": 3_600,
         "dedup_window_s": 60,
         "max_message_bytes": 2_048,
+        "fifo": True,
+        "content_based_dedup": True,
     }
     resp = await http.put("/v1/queues/jobs", json=settings)
     assert resp.status == 201, await resp.text()

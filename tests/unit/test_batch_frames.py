@@ -36,7 +36,7 @@ def batches(draw: st.DrawFn) -> dict[str, list[object]]:
         columns["ids"] = draw(st.lists(st.none() | ids_st, min_size=n, max_size=n))
     if draw(st.booleans()):
         columns["bodies"] = draw(st.lists(st.binary(max_size=64), min_size=n, max_size=n))
-    for name in ("content_types", "dedup_ids"):
+    for name in ("content_types", "dedup_ids", "groups"):
         if draw(st.booleans()):
             columns[name] = draw(st.lists(optional_text, min_size=n, max_size=n))
     if draw(st.booleans()):
@@ -53,11 +53,13 @@ def test_every_batch_decodes_to_the_columns_it_was_encoded_from(
 ) -> None:
     frame = encode_batch(**columns)  # type: ignore[arg-type]
     batch = decode_batch(frame)
-    for name in ("ids", "bodies", "content_types", "dedup_ids", "receipts", "receive_counts"):
+    names = ("ids", "bodies", "content_types", "dedup_ids", "receipts", "receive_counts", "groups")
+    for name in names:
         given_column = columns.get(name)
         got = getattr(batch, name)
         if given_column is None or (
-            name in ("content_types", "dedup_ids", "receipts") and set(given_column) <= {None}
+            name in ("content_types", "dedup_ids", "receipts", "groups")
+            and set(given_column) <= {None}
         ):
             # A column of nothing but None is left out: a reader takes it as all None.
             assert got is None
@@ -108,7 +110,7 @@ def test_bytes_after_the_last_column_are_refused() -> None:
     [
         (b"ZQB2" + GOOD[4:], "starts with"),
         (b'{"messages": []}', "starts with"),
-        (b"ZQB1" + struct.pack("<II", 0, 1 << 11), "unknown field"),
+        (b"ZQB1" + struct.pack("<II", 0, 1 << 12), "unknown field"),
         (
             b"ZQB1" + struct.pack("<II", 1, BATCH_IDS) + b"0D7A1A0E-1111-4222-8333-444455556666",
             r"ids\[0\]",

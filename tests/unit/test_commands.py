@@ -29,6 +29,7 @@ from zdmq.models import QueueSettings
 from zdmq.raft.sim_queue import plain, state_view
 from zdmq.server.machine import (
     CancelMessage,
+    Claim,
     Command,
     DropEmpty,
     Expire,
@@ -38,6 +39,8 @@ from zdmq.server.machine import (
     Push,
     Settle,
     Take,
+    Tie,
+    Untie,
     Wake,
     apply_command,
     decode_command,
@@ -56,7 +59,7 @@ from zdmq.server.state import (
     Unsubscribe,
 )
 
-QUEUES = ("jobs", "mail", "jobs-dlq")
+QUEUES = ("jobs", "mail", "jobs-dlq", "orders")  # orders is a FIFO queue
 TOPICS = ("events", "jobs")  # "jobs" is a queue's name too: the namespaces are separate
 
 
@@ -93,7 +96,13 @@ class Cluster:
                 mid = f"m{rng.randint(1, self.n)}" if rng.random() < 0.2 else f"m{self.n}"
                 items.append((mid, f"body {self.n}".encode(), rng.choice([None, "text/plain"])))
             dedup = rng.random() < 0.3
-            if rng.random() < 0.5:
+            if q == "orders":  # in FIFO groups, some with attributes
+                pushed = [
+                    (*i, dedup, 0, 0.0, 0.0, rng.choice([None, '{"a":"b"}']), rng.choice("xyz"))
+                    for i in items
+                ]
+                cmd = Push(q, pushed, self.now, 64, 30.0)
+            elif rng.random() < 0.5:
                 cmd = Push(q, [(m, b, ct, dedup) for m, b, ct in items], self.now, 64, 30.0)
             else:  # with priorities, deadlines, delays and attributes
                 options = [
@@ -150,6 +159,9 @@ class Cluster:
             op = rng.choice(
                 [
                     CreateQueue(q, f"inc{self.n}", self.now, QueueSettings(max_receives=2)),
+                    CreateQueue(
+                        q, "f", self.now, QueueSettings(fifo=True, content_based_dedup=True)
+                    ),
                     DropQueue(q, "inc", self.now),
                     Register(q, rng.choice("abc"), f"m{self.n}"),
                     Unregister(q, rng.choice("abc")),
@@ -165,10 +177,26 @@ class Cluster:
             self.run(rng.choice([PurgeQueue(q), DropEmpty(q)]))
         elif kind == 7:  # cancel a message, perhaps one delivered, leased or cancelled
             self.run(CancelMessage(q, f"m{rng.randint(1, max(self.n, 1))}"))
+        elif kind == 8:  # ties: a new one with tied copies, claims, cancels
+            token = f"t{rng.randint(1, 4)}"
+            roll = rng.random()
+            if roll < 0.4:
+                copies = []
+                for queue in ("jobs", "mail"):
+                    self.n += 1
+                    copies.append((queue, f"m{self.n}"))
+                self.run(Tie(token, copies, self.now))
+                for queue, mid in copies:
+                    item = (mid, b"tied", None, False, 0, 0.0, 0.0, None, None, token)
+                    self.run(Push(queue, [item], self.now))
+            elif roll < 0.85:
+                self.run(Claim(token, f"m{rng.randint(1, max(self.n, 1))}"))
+            else:
+                self.run(Untie(token))
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32), steps=st.lists(st.integers(0, 7), min_size=10, max_size=120))
+@given(seed=st.integers(0, 2**32), steps=st.lists(st.integers(0, 8), min_size=10, max_size=120))
 def test_replicas_fed_the_same_commands_agree_on_every_result_and_the_whole_state(
     seed: int, steps: list[int]
 ) -> None:

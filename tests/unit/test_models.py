@@ -224,6 +224,8 @@ FULL_SETTINGS = {
     "retention_s": 3600,
     "dedup_window_s": 60,
     "max_message_bytes": 4096,
+    "fifo": True,
+    "content_based_dedup": True,
 }
 
 
@@ -238,6 +240,8 @@ def test_settings_from_an_empty_create_are_the_documented_defaults(payload: obje
         "retention_s": 345600.0,
         "dedup_window_s": 300.0,
         "max_message_bytes": None,
+        "fifo": False,
+        "content_based_dedup": False,
     }
 
 
@@ -250,6 +254,8 @@ def test_settings_from_wire_take_every_field() -> None:
         retention_s=3600.0,
         dedup_window_s=60.0,
         max_message_bytes=4096,
+        fifo=True,
+        content_based_dedup=True,
     )
     assert isinstance(settings.max_receives, int)
     assert isinstance(settings.max_message_bytes, int)
@@ -359,6 +365,16 @@ def test_a_dead_letter_queue_that_is_not_a_valid_queue_name_is_refused(dlq: obje
 @pytest.mark.parametrize("payload", [[], "x", 5, True], ids=["list", "string", "int", "bool"])
 def test_settings_that_are_not_a_json_object_are_refused(payload: object) -> None:
     with pytest.raises(BadRequest, match="expected a JSON object"):
+        QueueSettings.from_wire(payload)
+
+
+@pytest.mark.parametrize(
+    "payload", [{"fifo": 1}, {"fifo": "yes"}, {"content_based_dedup": True}], ids=str
+)
+def test_fifo_flags_are_booleans_and_content_based_dedup_needs_a_fifo_queue(
+    payload: object,
+) -> None:
+    with pytest.raises(BadRequest, match=r"^(fifo|content_based_dedup)"):
         QueueSettings.from_wire(payload)
 
 

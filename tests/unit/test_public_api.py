@@ -45,6 +45,7 @@ PUBLIC = {
     "ReceivedMessage",
     "RouteNotFound",
     "SubscriptionNotFound",
+    "TieNotFound",
     "TopicExists",
     "TopicNotFound",
     "StorageFailed",

@@ -7,6 +7,8 @@ with the command that replays it, e.g. `python -m zdmq.raft.sim --seed 17 --step
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ import pytest
 from zdmq.raft import core, sim, sim_queue
 from zdmq.raft.sim import SimConfig, SimFailure
 from zdmq.raft.storage import Entry, SnapshotMeta
-from zdmq.server.state import NodeState, Op, Taken
+from zdmq.server.state import LocalQueue, NodeState, Op, Taken
 
 SEEDS = 400  # per group size: 800 runs, about 10 s
 
@@ -48,9 +50,10 @@ def test_runs_exercise_the_faults_they_claim() -> None:
 
 
 def test_the_queue_clients_push_pop_receive_ack_and_dead_letter_through_the_faults() -> None:
-    counts = [sim.run(seed, SimConfig(nodes=3)).queue for seed in range(40)]
+    counts = [sim.run(seed, SimConfig(nodes=3)).queue for seed in range(50)]
     assert sum(k.pushed for k in counts) > 300
     assert sum(k.delivered for k in counts) > 150
+    assert sum(k.fifo_delivered for k in counts) > 30
     assert sum(k.acked for k in counts) > 30
     assert sum(k.dead_lettered for k in counts) > 0
     assert sum(k.cancelled for k in counts) > 10
@@ -117,6 +120,31 @@ def test_a_pop_that_leaves_its_message_to_come_back_is_caught(
     monkeypatch.setattr(NodeState, "pop", pop_as_a_short_lease)
     with pytest.raises(SimFailure, match=r"popped twice|delivered again after an ok pop"):
         for seed in range(40):
+            sim.run(seed, SimConfig(nodes=3))
+
+
+def test_a_fifo_group_that_is_never_held_busy_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every replica agrees, but a lease does not hold its group: its next message goes too.
+    monkeypatch.setattr(LocalQueue, "hold_group", lambda self, group, mid: None)
+    with pytest.raises(SimFailure, match=r"of its group were out|not \[|all of group"):
+        for seed in range(50):
+            sim.run(seed, SimConfig(nodes=3))
+
+
+def test_a_fifo_message_back_from_a_lease_at_its_group_s_tail_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A message that comes back from a nack or an expiry joins the tail of its group.
+    def at_the_tail(self: LocalQueue, group: str, seq: int, enqueued_at: float) -> None:
+        dq = self.groups.setdefault(group, deque())
+        dq.append(seq)
+        self.gseq[seq] = (group, enqueued_at)
+        if dq[0] == seq and group not in self.busy:
+            heapq.heappush(self.free, (seq, group))
+
+    monkeypatch.setattr(LocalQueue, "join_group", at_the_tail)
+    with pytest.raises(SimFailure, match=r"of group"):
+        for seed in range(50):
             sim.run(seed, SimConfig(nodes=3))
 
 

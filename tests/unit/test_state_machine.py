@@ -9,7 +9,9 @@ the node with `_Model`, a few plain dicts written from the delivery rules below
 says so.
 
 Queues: `jobs` dead-letters a message into `jobs-dlq` at the end of its 2nd delivery,
-`mail` at the end of its 1st; `jobs-dlq` requeues. The model's rules:
+`mail` at the end of its 1st; `jobs-dlq` requeues; `fifo` is a FIFO queue (its messages
+in groups, no priority, deadline or delay) that dead-letters into `jobs-dlq` at the end of
+a 2nd delivery. The model's rules:
 
 * a push appends to its queue's ready list (with a delay, it waits out the delay
   first); a push by dedup id stores nothing while the id is held anywhere or its dedup
@@ -36,6 +38,12 @@ Queues: `jobs` dead-letters a message into `jobs-dlq` at the end of its 2nd deli
   of a monitor pass. What became ready before a push or a move to the dead-letter queue
   queues ahead of it; those whose delays end at one moment go in the order they were
   pushed or requeued;
+* in `fifo`, a group is busy while one of its messages is leased or delayed; a receive
+  takes the oldest ready message of each group that is not busy (one a group), those
+  heads oldest first; a pop takes the first ready messages, in push order, of the groups
+  that are not busy (several of a group in turn); a requeued message keeps its place in
+  push order (the head of its group); a message moved to the dead-letter queue leaves
+  its group;
 * a restart (after a last monitor wake) changes nothing: every op was committed, and
   `load()` must rebuild the same state, ready order included.
 
@@ -86,12 +94,13 @@ from zdmq.server.state import (
 )
 from zdmq.server.storage import SqliteStorage
 
-JOBS, MAIL, DLQ = "jobs", "mail", "jobs-dlq"
-QUEUES = (JOBS, MAIL, DLQ)
+JOBS, MAIL, DLQ, FIFO = "jobs", "mail", "jobs-dlq", "fifo"
+QUEUES = (JOBS, MAIL, DLQ, FIFO)
 SETTINGS = {
     JOBS: QueueSettings(max_receives=2, dead_letter_queue=DLQ, dedup_window_s=3.0),
     MAIL: QueueSettings(max_receives=1, dead_letter_queue=DLQ, dedup_window_s=3.0),
     DLQ: QueueSettings(dedup_window_s=3.0),
+    FIFO: QueueSettings(max_receives=2, dead_letter_queue=DLQ, dedup_window_s=3.0, fifo=True),
 }
 # Every time and duration is a multiple of 0.25 s, so sums are exact in binary floats.
 START = 1_700_000_000.0
@@ -102,7 +111,8 @@ DELAYS = st.sampled_from([0.0, 0.5, 1.5, 3.0])
 MISROUTE = st.sampled_from([None] * 5 + [JOBS, MAIL, DLQ])  # None: the receipt's own queue
 FORGED = st.integers(0, 7).map(lambda n: n == 7)
 PICK = st.integers(0, 15)
-QUEUE = st.sampled_from([JOBS, MAIL, DLQ, JOBS])  # jobs, with its dead-letter queue, most
+QUEUE = st.sampled_from([JOBS, MAIL, DLQ, JOBS, FIFO, FIFO])  # jobs and fifo most
+GROUP = st.sampled_from(["g1", "g2", "g3"])
 
 
 def _note(what: str) -> None:
@@ -134,6 +144,8 @@ class _Msg:
     priority: int = 0
     deadline: float = 0.0
     attributes: str | None = None
+    group: str | None = None
+    order: int = 0  # its place in push order (FIFO groups deliver in it)
 
 
 @dataclass
@@ -158,6 +170,7 @@ class _Model:
         now: float,
         window: float,
         options: tuple[int, float, float, str | None] = (0, 0.0, 0.0, None),
+        group: str | None = None,
     ) -> None:
         assert mid not in self.msgs
         self.wake(now)  # what became ready before now queues ahead of the new message
@@ -165,6 +178,7 @@ class _Model:
         priority, deadline, delay_s, attrs = options
         m = self.msgs[mid] = _Msg(queue, body, ctype, now, self.events)
         m.priority, m.deadline, m.attributes = priority, deadline, attrs
+        m.group, m.order = group, self.events
         if delay_s > 0:
             m.where, m.visible_at = "delayed", now + delay_s
         else:
@@ -184,8 +198,10 @@ class _Model:
             self.ready[m.queue].append(mid)
 
     def ordered(self, queue: str) -> list[str]:
-        """The ready messages of `queue` in delivery order."""
+        """The ready messages of `queue` in delivery order (a FIFO queue's in push order)."""
         ready = self.ready[queue]
+        if SETTINGS[queue].fifo:
+            return sorted(ready, key=lambda mid: self.msgs[mid].order)
 
         def key(i: int) -> tuple[int, float, int]:
             m = self.msgs[ready[i]]
@@ -193,7 +209,16 @@ class _Model:
 
         return [ready[i] for i in sorted(range(len(ready)), key=key)]
 
-    def take(self, queue: str, limit: int, now: float = 0.0, min_priority: int = 0) -> list[str]:
+    def take(
+        self,
+        queue: str,
+        limit: int,
+        now: float = 0.0,
+        min_priority: int = 0,
+        lease: bool = False,
+    ) -> list[str]:
+        if SETTINGS[queue].fifo:
+            return self._take_fifo(queue, limit, min_priority, lease)
         got: list[str] = []
         for mid in self.ordered(queue):
             m = self.msgs[mid]
@@ -205,6 +230,22 @@ class _Model:
                 self.expired[queue] += 1
             else:
                 got.append(mid)
+        return got
+
+    def _take_fifo(self, queue: str, limit: int, min_priority: int, lease: bool) -> list[str]:
+        if min_priority > 0:
+            return []
+        busy = {m.group for m in self.msgs.values() if m.queue == queue and m.where != "ready"}
+        got: list[str] = []
+        for mid in self.ordered(queue):
+            group = self.msgs[mid].group
+            if len(got) >= limit or group in busy:
+                continue
+            got.append(mid)
+            if lease:
+                busy.add(group)
+        for mid in got:
+            self.ready[queue].remove(mid)
         return got
 
     def expire_deadlines(self, now: float) -> None:
@@ -259,6 +300,7 @@ class _Model:
             self.wake(now)
             m.origin, m.queue = m.queue, cfg.dead_letter_queue
             m.where, m.count, m.enqueued_at = "ready", 0, now
+            m.group = None
             self.ready[m.queue].append(mid)
             return "dead_letter"
         m.where, m.visible_at = "delayed", now + delay_s
@@ -461,6 +503,7 @@ class _NodeMachine(RuleBasedStateMachine):
         ttl_s=st.sampled_from([0.0, 0.0, 2.0, 1.0, 4.0]),
         delay_s=st.sampled_from([0.0, 0.0, 0.0, 1.0, 0.5]),
         attrs=st.sampled_from([None, '{"k":"v"}']),
+        groups=st.lists(GROUP, min_size=3, max_size=3),
     )
     def push(
         self,
@@ -472,10 +515,15 @@ class _NodeMachine(RuleBasedStateMachine):
         ttl_s: float = 0.0,
         delay_s: float = 0.0,
         attrs: str | None = None,
+        groups: tuple[str, ...] = ("g1", "g1", "g1"),
     ) -> None:
         """A batch of pushes at one `now` in one commit, each with a fresh id, or all with
         one dedup id (uuid5 of queue and key): then the batch stores it at most once.
-        Each has the batch's priority, deadline (`now + ttl_s`), delay and attributes."""
+        Each has the batch's priority, deadline (`now + ttl_s`), delay and attributes;
+        in the FIFO queue, none of those but attributes, and each its group."""
+        fifo = SETTINGS[queue].fifo
+        if fifo:
+            priority, ttl_s, delay_s = 0, 0.0, 0.0
         options = (priority, self.now + ttl_s if ttl_s else 0.0, delay_s, attrs)
         ops: list[Op] = []
         for _ in range(batch):
@@ -492,10 +540,11 @@ class _NodeMachine(RuleBasedStateMachine):
             if duplicate:  # the node's rule: a repeat stores nothing
                 _note("push by dedup id: duplicate")
                 continue
+            group = groups[self.pushed % len(groups)] if fifo else None
             ops += self.state.push_options(
-                queue, [(mid, body, ctype, window, *options)], now=self.now
+                queue, [(mid, body, ctype, window, *options, group)], now=self.now
             )
-            self.model.push(queue, mid, body, ctype, self.now, window, options)
+            self.model.push(queue, mid, body, ctype, self.now, window, options, group)
         self._commit(ops)
 
     @precondition(lambda self: self.model.msgs)  # no message yet: only push and advance
@@ -518,7 +567,7 @@ class _NodeMachine(RuleBasedStateMachine):
             min_priority=min_priority,
         )
         self._commit(ops)
-        expected = self.model.take(queue, limit, self.now, min_priority)
+        expected = self.model.take(queue, limit, self.now, min_priority, lease=True)
         assert [t.id for t in got] == expected, f"received {got}, expected {expected}"
         out = []
         for t in got:
@@ -529,6 +578,7 @@ class _NodeMachine(RuleBasedStateMachine):
             want = self.model.msgs[mid]
             assert (t.body, t.receive_count) == (want.body, want.count), mid
             assert (t.priority, t.attributes) == (want.priority, want.attributes), mid
+            assert t.group == want.group, mid
             out.append(Receipt(queue, mid, token))
         return multiple(*out)
 

@@ -57,6 +57,7 @@ from zdmq.models import (
     delivery_options,
     encode_attributes,
     encode_batch,
+    group_key,
     group_receipts,
     message_from_wire,
     message_to_wire,
@@ -64,6 +65,7 @@ from zdmq.models import (
     new_message_ids,
     received_from_wire,
     validate_content_type,
+    validate_group,
     validate_message_id,
     validate_queue_name,
 )
@@ -263,8 +265,14 @@ class Client:
         retention_s: float | None = None,
         dedup_window_s: float | None = None,
         max_message_bytes: int | None = None,
+        fifo: bool = False,
+        content_based_dedup: bool = False,
     ) -> QueueSettings:
-        """Creates a queue; settings left out take their defaults. Returns the settings."""
+        """Creates a queue; settings left out take their defaults. Returns the settings.
+
+        `fifo`: a FIFO queue (every message pushed with a `group`; see `push`);
+        `content_based_dedup` (FIFO queues): a message without a dedup id is
+        deduplicated by a hash of its body, inside the dedup window."""
         validate_queue_name(queue)
         given = {
             "visibility_timeout_s": visibility_timeout_s,
@@ -273,6 +281,8 @@ class Client:
             "retention_s": retention_s,
             "dedup_window_s": dedup_window_s,
             "max_message_bytes": max_message_bytes,
+            "fifo": fifo or None,
+            "content_based_dedup": content_based_dedup or None,
         }
         settings = {k: v for k, v in given.items() if v is not None}
         QueueSettings.from_wire(settings)  # bad settings fail here, before any call
@@ -355,8 +365,14 @@ class Client:
         ttl_s: float | None = None,
         delay_s: float | None = None,
         attributes: Mapping[str, str] | None = None,
+        group: str | None = None,
     ) -> str:
         """Stores one message on the node its id hashes to; returns the id.
+
+        `group` (a FIFO queue's message, which needs one): the message goes to the node
+        that owns the group, which draws its id there (or derives it from `dedup_id`, or
+        from the body's hash on a queue with `content_based_dedup`). Such a message takes
+        no priority, deadline, ttl_s or delay_s.
 
         With `dedup_id` the id is derived from it (uuid5 of queue and dedup_id), so a
         retry lands on the same node and, inside the queue's dedup window, stores
@@ -387,6 +403,17 @@ class Client:
             headers["zdmq-delay-s"] = repr(float(delay_s))
         if attrs is not None:
             headers["zdmq-attributes"] = attributes_header(attrs)
+        if group is not None:
+            validate_group(group)
+            headers["zdmq-message-group"] = group
+            if dedup_id is not None:
+                headers["zdmq-dedup-id"] = dedup_id
+            self._begin("push")
+            home = self.placement.owner(group_key(queue, group))
+            reply = await self._call(
+                "push", home, "POST", f"/v1/queues/{queue}/messages", data=data, headers=headers
+            )
+            return _read("push", home, reply, lambda j: str(j["id"]))
         if dedup_id is not None:
             msg_id = dedup_message_id(queue, dedup_id)
             headers["zdmq-dedup-id"] = dedup_id
@@ -415,10 +442,16 @@ class Client:
         ttl_s: float | Sequence[float | None] | None = None,
         delay_s: float | Sequence[float | None] | None = None,
         attributes: Mapping[str, str] | Sequence[Mapping[str, str] | None] | None = None,
+        groups: str | Sequence[str] | None = None,
     ) -> list[str]:
         """Pushes a batch: one call per owning node, in parallel. The fresh messages of a
         batch share one node, drawn at random (new_message_ids), so without dedup ids a
         batch is one call.
+
+        `groups` (a FIFO queue's messages): one group for all, or one per message; each
+        message goes to the node that owns its group, which draws its id (as `push`).
+        One call stores its part in order, so a group's messages of one push_many keep
+        the order of `bodies`.
 
         Each node's part is split further only where it passes the batch limits
         (`max_batch_messages` messages, `max_request_bytes` bytes of the frame).
@@ -437,6 +470,9 @@ class Client:
         if dedup_ids is not None and len(dedup_ids) != n:
             raise ValueError("dedup_ids must pair one dedup id (or None) with each body")
         options = _options_each(n, priority, deadline, ttl_s, delay_s, attributes)
+        if groups is not None:
+            each = [validate_group(g) for g in _each(groups, n, "groups")]
+            return await self._push_many_groups(queue, bodies, dedup_ids, options, each)
         owner_of = self.placement.owner
         fresh = iter(self._fresh_ids(n - _given(dedup_ids)))
         for i, body in enumerate(bodies):
@@ -472,6 +508,51 @@ class Client:
             )
         ]
         await asyncio.gather(*calls)
+        return ids
+
+    async def _push_many_groups(
+        self,
+        queue: str,
+        bodies: list[Body],
+        dedup_ids: Sequence[str | None] | None,
+        options: list[_Options] | None,
+        groups: list[str],
+    ) -> list[str]:
+        """push_many of a FIFO queue's messages: a call to each group owner, its ids
+        from the reply."""
+        owner_of = self.placement.owner
+        by_owner: defaultdict[str, list[int]] = defaultdict(list)
+        items: list[_Item] = []
+        for i, body in enumerate(bodies):
+            data, ctype = _bytes(body, None)
+            dedup_id = dedup_ids[i] if dedup_ids is not None else None
+            extra = options[i] if options is not None else _PLAIN
+            items.append((None, data, None if ctype == _OCTET else ctype, dedup_id, *extra))
+            by_owner[owner_of(group_key(queue, groups[i]))].append(i)
+        ids: list[str] = [""] * len(bodies)
+
+        async def push_part(owner: str, part: list[int]) -> None:
+            reply = await self._call(
+                "push_many",
+                owner,
+                "POST",
+                f"/v1/queues/{queue}/batch",
+                data=_push_frame([items[i] for i in part], [groups[i] for i in part]),
+                headers=_FRAME,
+            )
+            _check_pushed(reply, len(part), owner)
+            for i, mid in zip(part, reply.json()["ids"], strict=True):
+                ids[i] = mid
+
+        sizes = [_item_bytes(item) + 4 + len(g) for item, g in zip(items, groups, strict=True)]
+
+        async def push_owner(owner: str, part: list[int]) -> None:
+            # One part after another: a group's messages are stored in their order.
+            runs = _batches([sizes[i] for i in part], self._max_batch, self._max_request_bytes)
+            for start, end in runs:
+                await push_part(owner, part[start:end])
+
+        await asyncio.gather(*(push_owner(o, part) for o, part in by_owner.items()))
         return ids
 
     def _fresh_ids(self, n: int) -> list[str]:
@@ -663,6 +744,60 @@ class Client:
             "replication": p.replication,
         }
         return await fetch_backup(get, list(p.nodes), path, layout)
+
+    # ---- tied messages ---------------------------------------------------------------
+    async def push_tied(
+        self,
+        queues: Sequence[str],
+        body: Body,
+        *,
+        content_type: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        token: str | None = None,
+    ) -> tuple[str, dict[str, str]]:
+        """Stores a copy of one message in each of `queues` under one tie: the first
+        receive or pop of any copy cancels the others (docs/api.md, "Tied messages").
+        Returns the tie's token (for `cancel_tied`) and each queue's copy id. A given
+        `token` makes the call idempotent: a retry with it stores no copy twice."""
+        for q in queues:
+            validate_queue_name(q)
+        data, ctype = _bytes(body, content_type)
+        attrs = encode_attributes(dict(attributes) if attributes is not None else None)
+        messages = []
+        for q in queues:
+            m = message_to_wire("", data, ctype)
+            m.pop("id", None)
+            m["queue"] = q
+            if attrs is not None:
+                m["attributes"] = decode_attributes(attrs)
+            messages.append(m)
+        payload: dict[str, Any] = {"messages": messages}
+        if token is not None:
+            payload["token"] = token
+        self._begin("push_tied")
+        home = self.placement.owner(token) if token is not None else self._any_node()
+        reply = await self._call(
+            "push_tied",
+            home,
+            "POST",
+            "/v1/tied",
+            data=_http.dumps(payload),
+            headers=_http.JSON_HEADERS,
+            once=token is None,
+        )
+        j = reply.json()
+        return str(j["token"]), {c["queue"]: c["id"] for c in j["copies"]}
+
+    async def cancel_tied(self, token: str) -> str | None:
+        """Cancels tie `token`: every copy not yet delivered is deleted and none is
+        delivered from now on. Returns the id of the copy that was delivered, or None;
+        TieNotFound (a ZdmqError) when there is no such tie."""
+        self._begin("cancel_tied")
+        reply = await self._call(
+            "cancel_tied", self.placement.owner(token), "DELETE", f"/v1/tied/{token}"
+        )
+        delivered = reply.json().get("delivered")
+        return str(delivered) if delivered is not None else None
 
     # ---- pop and receive -------------------------------------------------------------
     async def pop(
@@ -991,7 +1126,7 @@ def _item_bytes(item: _Item) -> int:
     )
 
 
-def _push_frame(items: Sequence[_Item]) -> bytes:
+def _push_frame(items: Sequence[_Item], groups: Sequence[str] | None = None) -> bytes:
     ids, bodies, ctypes, dedup_ids, prios, deadlines, ttls, delays, attrs = zip(*items, strict=True)
     return encode_batch(
         ids=ids,
@@ -1003,6 +1138,7 @@ def _push_frame(items: Sequence[_Item]) -> bytes:
         ttls=ttls,
         delays=delays,
         attributes=attrs,
+        groups=groups,
     )
 
 
@@ -1073,19 +1209,20 @@ def _read_messages(reply: _http.Reply, receive: bool) -> list[Message] | list[Re
     ctypes = b.content_types or [None] * b.count
     attrs = [decode_attributes(a) for a in b.attributes] if b.attributes else [{}] * b.count
     prios = b.priorities or [0] * b.count
+    groups = b.groups or [None] * b.count
     if receive:
         receipts, counts = b.receipts, b.receive_counts
         if receipts is None or counts is None or None in receipts:
             raise ValueError("a receive reply frame without receipts")
         return [
-            ReceivedMessage(mid, body, receipt, count, ctype, a, p)
-            for mid, body, receipt, count, ctype, a, p in zip(
-                ids, bodies, receipts, counts, ctypes, attrs, prios, strict=True
+            ReceivedMessage(mid, body, receipt, count, ctype, a, p, g)
+            for mid, body, receipt, count, ctype, a, p, g in zip(
+                ids, bodies, receipts, counts, ctypes, attrs, prios, groups, strict=True
             )
         ]
     return [
-        Message(mid, body, ctype, a, p)  # type: ignore[arg-type]
-        for mid, body, ctype, a, p in zip(ids, bodies, ctypes, attrs, prios, strict=True)
+        Message(mid, body, ctype, a, p, g)
+        for mid, body, ctype, a, p, g in zip(ids, bodies, ctypes, attrs, prios, groups, strict=True)
     ]
 
 

@@ -5,8 +5,9 @@ Every entry the simulation proposes is a command of zdmq/server/machine.py, and 
 simulated node applies the entries it applies to its own `NodeState` (the one a real
 member keeps per group), rebuilt from its durable state after a restart or a snapshot
 install. Clients push new ids (half of them with a priority, a deadline, a delay or
-attributes), pop and receive (some with a `min_priority`), ack and nack the leases they
-hold and cancel messages; the proposing node's monitor expires the leases that ran out by
+attributes; some to the FIFO queue `f`, each in one of a few groups), pop and receive
+(some with a `min_priority`; some from `f`), ack and nack the leases they hold and
+cancel messages; the proposing node's monitor expires the leases that ran out by
 its state and its sweep drops what passed its deadline (as a leader's do). A client's
 call is answered when the node it proposed to applies its entry: `ok` with that node's
 result; `fail` if another entry took its index (it can then never commit) or no node
@@ -24,7 +25,12 @@ replays them on a fresh `NodeState` and requires:
   removed it (a pop, an ack);
 - no pop is delivered twice: an id an `ok` pop handed out is never handed out again;
 - no ack or cancel is undone: an id whose ack, or cancel, was `ok` is never delivered by
-  a call that started after its answer, and is not stored at the end.
+  a call that started after its answer, and is not stored at the end;
+- FIFO groups hold: every message a committed pop or receive of `f` hands out is the
+  oldest message of its group `f` still stores (by committed push order), and no other
+  message of its group is leased or waiting out a nack's delay at that moment: so ok
+  deliveries of a group come in push order (a redelivery of the one in flight aside)
+  and never two leases of one group are live at once.
 """
 
 from __future__ import annotations
@@ -53,6 +59,8 @@ __all__ = ["QueueClients", "replay", "state_view"]
 
 QUEUE = "q"
 DLQ = "q-dlq"
+FIFO = "f"  # a FIFO queue: its messages in GROUPS
+GROUPS = ("a", "b", "c")
 #: Deliveries after which an ended lease moves the message to the dead-letter queue.
 MAX_RECEIVES = 2
 
@@ -69,6 +77,9 @@ def state_view(state: NodeState) -> Any:
                 sorted(lq.delayed),
                 lq.first_uuid,
                 lq.origins,
+                {g: list(dq) for g, dq in sorted(lq.groups.items())},
+                sorted(lq.busy.items()),
+                list(lq.free_groups()),
             )
             for q, lq in state.queues.items()
         },
@@ -84,6 +95,7 @@ def state_view(state: NodeState) -> Any:
         dict(state.dead_lettered),
         dict(state.expired),
         dict(state.cancelled),
+        [(t, r.copies, r.winner, r.cancelled, r.created_at) for t, r in state.ties.items()],
         state.next_seq,
         state.rows.read(sorted(seqs)),
     )
@@ -130,6 +142,7 @@ class QueueCounts:
     unknown: int = 0
     pushed: int = 0  # ids of ok pushes
     delivered: int = 0  # ids handed out by ok pops and receives
+    fifo_delivered: int = 0  # of them, from the FIFO queue
     acked: int = 0  # ids of ok acks that took effect
     cancelled: int = 0  # ok cancels that removed a message
     dead_lettered: int = 0
@@ -152,6 +165,7 @@ class QueueClients:
     #: The deadline each id was pushed with (a message may vanish once it passes).
     deadlines: dict[str, float] = field(default_factory=dict)
     cancels: set[str] = field(default_factory=set)
+    fifo_ids: set[str] = field(default_factory=set)  # the ids pushed to FIFO
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"{self.seed}/queue")
@@ -169,11 +183,11 @@ class QueueClients:
         floor = rng.choice([0, 0, 0, 3])  # min_priority
         if r < 0.15:
             kind = "pop"
-            q = DLQ if rng.random() < 0.2 else QUEUE
+            q = rng.choice([DLQ, QUEUE, QUEUE, FIFO])
             cmd = Take(q, rng.randint(1, 3), now, None, None, "", floor)
         elif r < 0.35:
             kind = "receive"
-            q = DLQ if rng.random() < 0.2 else QUEUE
+            q = rng.choice([DLQ, QUEUE, QUEUE, FIFO, FIFO])
             lease_s = rng.choice([10.0, 120.0, 400.0])
             cmd = Take(q, rng.randint(1, 3), now, None, lease_s, f"c{n}.", floor)
         elif r < 0.7 and self.leases:
@@ -209,12 +223,20 @@ class QueueClients:
             if mid not in self.cancels:
                 self.cancels.add(mid)
                 kind = "cancel"
-                cmd = CancelMessage(QUEUE, mid)
+                cmd = CancelMessage(FIFO if mid in self.fifo_ids else QUEUE, mid)
         elif r < 0.88:
             kind = "housekeep"  # the leader's sweep: drops what passed its deadline
             cmd = Housekeep(now, [])
+        items: list[tuple[Any, ...]] = []
+        if cmd is None and rng.random() < 0.3:  # to the FIFO queue, in groups
+            for _ in range(rng.randint(1, 3)):
+                self.ids += 1
+                attributes = rng.choice([None, '{"k":"v"}'])
+                group = rng.choice(GROUPS)
+                items.append((f"m{self.ids}", b"", None, False, 0, 0.0, 0.0, attributes, group))
+                self.fifo_ids.add(f"m{self.ids}")
+            cmd = Push(FIFO, items, now)
         if cmd is None:
-            items: list[tuple[Any, ...]] = []
             for _ in range(rng.randint(1, 3)):
                 self.ids += 1
                 mid = f"m{self.ids}"
@@ -277,11 +299,20 @@ class QueueClients:
         truth = NodeState()
         results: dict[bytes, Any] = {}
         removed: set[str] = set()
+        order: dict[str, list[str]] = {}  # FIFO group -> its ids in committed push order
         for e in sequence:
             if e.data is None:
                 continue
             cmd = decode_command(e.data)
+            if type(cmd) is Take and cmd.queue == FIFO:
+                before = _fifo_view(truth, order, max(cmd.now, truth.clock))
             result = results[e.data] = apply_command(truth, cmd)
+            if type(cmd) is Push and cmd.queue == FIFO and isinstance(result, list):
+                for item, repeat in zip(cmd.items, result, strict=True):
+                    if not repeat:
+                        order.setdefault(item[8], []).append(item[0])
+            elif type(cmd) is Take and cmd.queue == FIFO:
+                problems += _fifo_problems(before, result, e.index)
             if type(cmd) is Take and cmd.lease_s is None:
                 removed.update(t.id for t in result)
             elif type(cmd) is Settle and cmd.action == "ack":
@@ -358,6 +389,8 @@ class QueueClients:
                     k.pushed += sum(1 for repeat in c.result if not repeat)
                 elif c.kind in ("pop", "receive"):
                     k.delivered += len(c.result)
+                    if c.cmd.queue == FIFO:  # type: ignore[union-attr]
+                        k.fifo_delivered += len(c.result)
                 elif c.kind == "ack":
                     k.acked += sum(1 for op in c.result if op is not None)
                 elif c.kind == "cancel":
@@ -374,4 +407,44 @@ class QueueClients:
 
 
 def _dlq(queue: str) -> str | None:
-    return DLQ if queue == QUEUE else None
+    return DLQ if queue in (QUEUE, FIFO) else None
+
+
+def _fifo_view(
+    state: NodeState, order: dict[str, list[str]], now: float
+) -> dict[str, tuple[list[str], list[str]]]:
+    """Per FIFO group: its messages still stored in FIFO in push order, and those of
+    them that are out at `now`: leased, or waiting out a delay that ends after `now`."""
+    view: dict[str, tuple[list[str], list[str]]] = {}
+    hot = state.hot
+    for group, ids in order.items():
+        held = [mid for mid in ids if state.holder(mid) == FIFO]
+        out = [
+            mid
+            for mid in held
+            if mid in hot and (hot[mid].lease is not None or hot[mid].visible_at > now)
+        ]
+        view[group] = (held, out)
+    return view
+
+
+def _fifo_problems(
+    before: dict[str, tuple[list[str], list[str]]], taken: list[Any], index: int
+) -> list[str]:
+    """What a take from the FIFO queue at entry `index` broke, given `_fifo_view` before
+    it: a group's messages go in push order, none while one of them is out, and a
+    receive leases one a group."""
+    problems: list[str] = []
+    by_group: dict[str, list[Any]] = {}
+    for t in taken:
+        by_group.setdefault(t.group, []).append(t)
+    for group, got in by_group.items():
+        held, out = before.get(group, ([], []))
+        ids = [t.id for t in got]
+        if out:
+            problems.append(f"entry {index} delivered {ids} while {out} of its group were out")
+        elif ids != held[: len(ids)]:
+            problems.append(f"entry {index} delivered {ids} of group {group}, not {held[:3]}")
+        if len(got) > 1 and got[0].token is not None:
+            problems.append(f"entry {index} leased {ids}, all of group {group}")
+    return problems

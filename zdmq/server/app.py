@@ -48,6 +48,7 @@ from zdmq.errors import (
     PublishIncomplete,
     QueueNotFound,
     RouteNotFound,
+    TieNotFound,
     Unauthorized,
     ZdmqError,
 )
@@ -62,6 +63,7 @@ from zdmq.models import (
     Batch,
     QueueSettings,
     attributes_header,
+    content_dedup_id,
     copy_message_id,
     decode_attributes,
     decode_batch,
@@ -70,11 +72,15 @@ from zdmq.models import (
     delivery_options,
     encode_attributes,
     encode_batch,
+    fifo_message_id,
+    group_key,
     group_receipts,
     message_to_wire,
     new_message_id,
     new_message_ids,
+    new_message_ids_on,
     validate_content_type,
+    validate_group,
     validate_message_id,
     validate_queue_name,
 )
@@ -121,6 +127,8 @@ DEADLINE_HEADER = "zdmq-deadline"
 TTL_HEADER = "zdmq-ttl-s"
 DELAY_HEADER = "zdmq-delay-s"
 ATTRIBUTES_HEADER = "zdmq-attributes"
+# A FIFO queue's message's group (zdmq-group names a replica group: docs/design.md §15).
+MESSAGE_GROUP_HEADER = "zdmq-message-group"
 _OPTION_HEADERS = (PRIORITY_HEADER, DEADLINE_HEADER, TTL_HEADER, DELAY_HEADER, ATTRIBUTES_HEADER)
 OCTET = "application/octet-stream"
 
@@ -227,6 +235,7 @@ def _relay(reply: _http.Reply) -> Response:
         "zdmq-receive-count",
         PRIORITY_HEADER,
         ATTRIBUTES_HEADER,
+        MESSAGE_GROUP_HEADER,
     ):
         if name in reply.headers:
             headers[name] = reply.headers[name]
@@ -399,6 +408,9 @@ async def push(request: Request) -> Response:
         raise MessageTooLarge(f"message of {len(body)} bytes is over the {limit}-byte limit")
     raw_id = request.headers.get(ID_HEADER)
     dedup_id = request.headers.get(DEDUP_HEADER)
+    raw_group = request.headers.get(MESSAGE_GROUP_HEADER)
+    if raw_group is not None:
+        return await _push_to_group(request, node, queue, body, raw_id, dedup_id, raw_group)
     if dedup_id is not None:
         if raw_id is not None:
             raise BadRequest(f"give {ID_HEADER} or {DEDUP_HEADER}, not both")
@@ -432,6 +444,86 @@ async def push(request: Request) -> Response:
     item = PushItem(msg_id, body, ctype, dedup_id is not None, *options)
     [dup] = await node.push_local(queue, [item])
     return _json({"id": msg_id, "duplicate": dup}, status=200 if dup else 201)
+
+
+async def _push_to_group(
+    request: Request,
+    node: Node,
+    queue: str,
+    body: bytes,
+    raw_id: str | None,
+    dedup_id: str | None,
+    raw_group: str,
+) -> Response:
+    """A single push of a FIFO queue's message: stored on the owner of its group."""
+    group = validate_group(raw_group)
+    if dedup_id is not None and raw_id is not None:
+        raise BadRequest(f"give {ID_HEADER} or {DEDUP_HEADER}, not both")
+    ctype = request.headers.get("Content-Type")
+    if ctype is not None:
+        validate_content_type(ctype)
+    owner = node.placement.owner
+    mid = _group_item_id(queue, group, raw_id, dedup_id, owner, _forwarded(request))
+    item = PushItem(mid, body, ctype, dedup_id is not None, *_header_options(request), group)
+    items = await _fifo_ids(node, queue, [item])
+    if _forwarded(request) and owner(items[0].id) != node.id:
+        raise Misrouted(f"message {items[0].id} belongs to {owner(items[0].id)}, not {node.id}")
+    dups = await _store_items(node, queue, items)
+    return _json({"id": items[0].id, "duplicate": dups > 0}, status=200 if dups else 201)
+
+
+def _group_item_id(
+    queue: str,
+    group: str,
+    mid: Any,
+    dedup_id: Any,
+    owner: Callable[[str], str],
+    forwarded: bool,
+) -> str:
+    """The id a FIFO message is stored under: the one its dedup id maps to on its group's
+    owner, or "" (drawn later: `_fifo_ids`). Only a node forwarding the message gives
+    its id: a client's own id would land anywhere, not on the group's owner."""
+    if dedup_id is not None:
+        if mid is not None:
+            raise InvalidMessage("give id or dedup_id, not both")
+        return fifo_message_id(queue, group, dedup_id, owner, owner(group_key(queue, group)))
+    if mid is not None:
+        if not forwarded:
+            raise InvalidMessage(
+                "a FIFO queue's message takes a dedup_id, not an id (its id must land on "
+                "the node that owns its group)"
+            )
+        return validate_message_id(mid)
+    return ""
+
+
+async def _fifo_ids(node: Node, queue: str, items: list[PushItem]) -> list[PushItem]:
+    """The batch with ids for its FIFO messages that came without one: from a hash of
+    the body on a queue with content_based_dedup (then deduplicated like a dedup id),
+    else fresh; either way ids that land on the owner of the message's group. Refuses
+    groups on a queue that is not FIFO, and a FIFO batch with a message without one."""
+    if all([item.group is None for item in items]):
+        return items
+    settings = await node.queue_settings(queue)
+    if not settings.fifo:
+        raise BadRequest(f"queue {queue!r} is not a FIFO queue: its messages take no group")
+    owner = node.placement.owner
+    out: list[PushItem] = []
+    for i, item in enumerate(items):
+        if item.group is None:
+            raise BadRequest(f"messages[{i}]: queue {queue!r} is a FIFO queue: give a group")
+        if item.id:
+            out.append(item)
+            continue
+        home = owner(group_key(queue, item.group))
+        if settings.content_based_dedup:
+            dedup = content_dedup_id(item.body)
+            mid = fifo_message_id(queue, item.group, dedup, owner, home)
+            out.append(item._replace(id=mid, dedup=True))
+        else:
+            [mid] = new_message_ids_on(1, owner, home)
+            out.append(item._replace(id=mid))
+    return out
 
 
 def _header_number(request: Request, name: str) -> float | None:
@@ -485,7 +577,12 @@ def _json_options(m: dict[str, Any], now: float) -> tuple[int, float, float, str
 
 
 def _batch_items(
-    queue: str, payload: Any, max_messages: int, max_bytes: int, forwarded: bool
+    queue: str,
+    payload: Any,
+    max_messages: int,
+    max_bytes: int,
+    forwarded: bool,
+    owner: Callable[[str], str],
 ) -> list[PushItem]:
     if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
         raise BadRequest('expected {"messages": [{"body": ..., "encoding": ...}, ...]}')
@@ -502,7 +599,12 @@ def _batch_items(
         try:
             body = decode_body(m.get("body"), m.get("encoding", "utf-8"), max_bytes)
             dedup_id = m.get("dedup_id")
-            mid = _item_id(queue, m.get("id"), dedup_id)
+            group = m.get("group")
+            if group is None:
+                mid = _item_id(queue, m.get("id"), dedup_id)
+            else:
+                group = validate_group(group)
+                mid = _group_item_id(queue, group, m.get("id"), dedup_id, owner, forwarded)
             options = _json_options(m, now)
         except ZdmqError as e:
             e.message = f"messages[{i}]: {e.message}"
@@ -516,11 +618,20 @@ def _batch_items(
                 raise
         # Between nodes a dedup message travels by id, flagged (see _batch_wire).
         dedup = dedup_id is not None or (forwarded and m.get("dedup") is True)
-        items.append(PushItem(mid, body, ctype, dedup, *options))
+        # Between nodes a tied copy carries its tie's token (POST /v1/tied makes them).
+        tie = _tie_token(m["tie"]) if forwarded and m.get("tie") is not None else None
+        items.append(PushItem(mid, body, ctype, dedup, *options, group, tie))
     return items
 
 
-def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> list[PushItem]:
+def _frame_items(
+    queue: str,
+    raw: bytes,
+    max_messages: int,
+    max_bytes: int,
+    forwarded: bool,
+    owner: Callable[[str], str],
+) -> list[PushItem]:
     """The messages of a binary push batch (docs/api.md), all checked before any is stored."""
     b = decode_batch(raw, max_count=max_messages)
     if b.count == 0:
@@ -542,22 +653,38 @@ def _frame_items(queue: str, raw: bytes, max_messages: int, max_bytes: int) -> l
     ctypes = b.content_types or [None] * n
     dedups = b.dedup_ids
     options = _frame_options(b)
-    if ids is not None and dedups is None and None not in ids and options is None:
+    groups = b.groups
+    if ids is not None and dedups is None and None not in ids and options is None and not groups:
         # The common case: the client gave every id.
         rows = zip(
-            ids, bodies, ctypes, repeat(False), repeat(0), repeat(0.0), repeat(0.0), repeat(None)
+            ids,
+            bodies,
+            ctypes,
+            repeat(False),
+            repeat(0),
+            repeat(0.0),
+            repeat(0.0),
+            repeat(None),
+            repeat(None),
+            repeat(None),
         )
         return list(map(PushItem._make, rows))
     items: list[PushItem] = []
     for i in range(n):
         dedup_id = dedups[i] if dedups is not None else None
+        group = groups[i] if groups is not None else None
+        given = ids[i] if ids is not None else None
         try:
-            mid = _item_id(queue, ids[i] if ids is not None else None, dedup_id)
+            if group is None:
+                mid = _item_id(queue, given, dedup_id)
+            else:
+                group = validate_group(group)
+                mid = _group_item_id(queue, group, given, dedup_id, owner, forwarded)
         except ZdmqError as e:
             e.message = f"messages[{i}]: {e.message}"
             raise
-        extra = options[i] if options is not None else ()
-        items.append(PushItem(mid, bodies[i], ctypes[i], dedup_id is not None, *extra))
+        extra = options[i] if options is not None else (0, 0.0, 0.0, None)
+        items.append(PushItem(mid, bodies[i], ctypes[i], dedup_id is not None, *extra, group))
     return items
 
 
@@ -640,6 +767,10 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
             m["delay_s"] = item.delay_s
         if item.attributes is not None:
             m["attributes"] = decode_attributes(item.attributes)
+        if item.group is not None:
+            m["group"] = item.group
+        if item.tie is not None:
+            m["tie"] = item.tie
         wire.append(m)
     return {"messages": wire}
 
@@ -647,9 +778,15 @@ def _batch_wire(items: list[PushItem]) -> dict[str, Any]:
 async def push_batch(request: Request) -> Response:
     node, queue = await _node(request), _queue(request)
     limits = node.config.limits
+    owner = node.placement.owner
     if _is_frame(request):
         items = _frame_items(
-            queue, request.body, limits.max_batch_messages, limits.max_message_bytes
+            queue,
+            request.body,
+            limits.max_batch_messages,
+            limits.max_message_bytes,
+            _forwarded(request),
+            owner,
         )
     else:
         items = _batch_items(
@@ -658,9 +795,9 @@ async def push_batch(request: Request) -> Response:
             limits.max_batch_messages,
             limits.max_message_bytes,
             _forwarded(request),
+            owner,
         )
-    items = _fresh_ids(items, node.placement.owner)
-    owner = node.placement.owner
+    items = _fresh_ids(await _fifo_ids(node, queue, items), owner)
     if _forwarded(request) and {owner(item.id) for item in items} != {node.id}:
         raise Misrouted(f"a forwarded batch holds messages {node.id} does not own")
     dups = await _store_items(node, queue, items)
@@ -682,7 +819,9 @@ async def _store_items(node: Node, queue: str, items: list[PushItem]) -> int:
             # A frame carries a dedup id, not the id derived from it: JSON says "dedup".
             reply = await node.peer_call(owner, "POST", path, json=_batch_wire(part))
         else:
-            ids, bodies, ctypes, _, prios, deadlines, delays, attrs = zip(*part, strict=True)
+            ids, bodies, ctypes, _, prios, deadlines, delays, attrs, groups, _ = zip(
+                *part, strict=True
+            )
             frame = encode_batch(
                 ids=ids,
                 bodies=bodies,
@@ -691,6 +830,7 @@ async def _store_items(node: Node, queue: str, items: list[PushItem]) -> int:
                 deadlines=deadlines,
                 delays=delays,
                 attributes=attrs,
+                groups=groups,
             )
             reply = await node.peer_call(owner, "POST", path, data=frame, headers=_FRAME)
         return int(reply.json().get("duplicates", 0))
@@ -705,7 +845,7 @@ def _deliveries(request: Request, got: list[Delivery], *, receive: bool) -> Resp
     if not got:
         frame = encode_batch(ids=[], bodies=[])
     else:
-        ids, bodies, ctypes, receipts, counts, attrs, prios = zip(*got, strict=True)
+        ids, bodies, ctypes, receipts, counts, attrs, prios, groups = zip(*got, strict=True)
         frame = encode_batch(
             ids=ids,
             bodies=bodies,
@@ -714,6 +854,7 @@ def _deliveries(request: Request, got: list[Delivery], *, receive: bool) -> Resp
             receive_counts=counts if receive else None,
             attributes=attrs,
             priorities=prios,
+            groups=groups,
         )
     return Response(body=frame, content_type=BATCH_CONTENT_TYPE)
 
@@ -727,6 +868,8 @@ def _delivery_wire(d: Delivery) -> dict[str, Any]:
         m["priority"] = d.priority
     if d.attributes is not None:
         m["attributes"] = decode_attributes(d.attributes)
+    if d.group is not None:
+        m["group"] = d.group
     return m
 
 
@@ -792,6 +935,8 @@ async def pop(request: Request) -> Response:
         headers[PRIORITY_HEADER] = str(d.priority)
     if d.attributes is not None:
         headers[ATTRIBUTES_HEADER] = attributes_header(d.attributes)
+    if d.group is not None:
+        headers[MESSAGE_GROUP_HEADER] = d.group
     return Response(body=d.body, headers=headers)
 
 
@@ -955,6 +1100,136 @@ async def _on_topic_owner(request: Request) -> tuple[Node, str, Response | None]
     return node, topic, None
 
 
+# ---- tied messages --------------------------------------------------------------------------
+_TIE_TOKEN = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+_TIE_NAMESPACE = "tie:"  # a tie's copies' ids: copy_message_id(tie: + token, queue, index)
+
+
+def _tie_token(value: Any) -> str:
+    if not isinstance(value, str) or not _TIE_TOKEN.fullmatch(value):
+        raise BadRequest(f"token {str(value)[:80]!r}: expected 1..64 of [A-Za-z0-9_-]")
+    return value
+
+
+async def push_tied(request: Request) -> Response:
+    """Stores copies of a message in several queues under one tie token, recorded first on
+    the group that owns the token (a call elsewhere is forwarded there)."""
+    node = await _node(request)
+    payload = await _json_body(request)
+    if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
+        raise BadRequest('expected {"messages": [{"queue": ..., "body": ...}, ...]}')
+    raw = payload["messages"]
+    if not 1 <= len(raw) <= node.config.limits.max_batch_messages:
+        raise BadRequest("messages: expected 1..max_batch_messages copies")
+    queues: list[str] = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise InvalidMessage(f"messages[{i}]: expected an object")
+        for key in ("id", "dedup_id", "group"):
+            if m.get(key) is not None:
+                raise BadRequest(f"messages[{i}]: a tied copy takes no {key}")
+        queues.append(validate_queue_name(m.get("queue")))
+    if len(set(queues)) != len(queues):
+        raise BadRequest("messages: one copy a queue")
+    _check_rights(request, queues, WRITE)
+    token = _tie_token(payload["token"]) if payload.get("token") is not None else None
+    if token is None:
+        token = new_message_id().replace("-", "")
+    owner = node.placement.owner(token)
+    if owner != node.id:
+        if _forwarded(request):
+            raise Misrouted(f"tie {token} belongs to {owner}, not {node.id}")
+        reply = await node.peer_call(owner, "POST", "/v1/tied", json={**payload, "token": token})
+        return _relay(reply)
+    items: list[PushItem] = []
+    for i, m in enumerate(raw):
+        body = {k: v for k, v in m.items() if k != "queue"}
+        try:
+            [item] = _batch_items(
+                queues[i],
+                {"messages": [body]},
+                1,
+                node.config.limits.max_message_bytes,
+                False,
+                node.placement.owner,
+            )
+        except ZdmqError as e:
+            e.message = f"messages[{i}]: {e.message.removeprefix('messages[0]: ')}"
+            raise
+        mid = copy_message_id(_TIE_NAMESPACE + token, queues[i], str(i))
+        items.append(item._replace(id=mid, dedup=True, tie=token))
+    found = await asyncio.gather(
+        *(node.metadata_via_owner(q) for q in queues), return_exceptions=True
+    )
+    missing = [q for q, r in zip(queues, found, strict=True) if isinstance(r, QueueNotFound)]
+    if missing:
+        raise QueueNotFound(f"queue(s) {missing} do not exist: nothing was stored")
+    copies = [(q, item.id) for q, item in zip(queues, items, strict=True)]
+    await node.tie_local(token, copies)  # before any copy: every stored copy has its tie
+    results = await asyncio.gather(
+        *(_store_items(node, q, [item]) for q, item in zip(queues, items, strict=True)),
+        return_exceptions=True,
+    )
+    failed = []
+    for q, r in zip(queues, results, strict=True):
+        if isinstance(r, ZdmqError):
+            failed.append({"queue": q, "code": r.code, "message": r.message})
+        elif isinstance(r, BaseException):
+            raise r
+    if failed:
+        names = ", ".join(f["queue"] for f in failed)
+        raise PublishIncomplete(
+            f"tie {token}: copies not stored in {names} (the others are): retry with the "
+            "same token",
+            failed=failed,
+        )
+    return _json(
+        {
+            "token": token,
+            "copies": [{"queue": q, "id": mid} for q, mid in copies],
+            "duplicates": sum(r for r in results if isinstance(r, int)),
+        },
+        status=201,
+    )
+
+
+async def cancel_tied(request: Request) -> Response:
+    """Cancels tie `token`: no copy of it is delivered from now on, and every copy still
+    waiting is deleted."""
+    node = await _node(request)
+    token = _tie_token(request.match_info["token"])
+    owner = node.placement.owner(token)
+    if owner != node.id:
+        return await _forward(node, owner, request, None)
+    tie = node.state.ties.get(token)
+    if tie is not None:
+        _check_rights(request, [q for q, _ in tie.copies], WRITE)
+    result = await node.untie_local(token)
+    if result is None:
+        raise TieNotFound(f"no tie {token} (never made, or forgotten)")
+    copies, winner = result
+    waiting = [(q, mid) for q, mid in copies if mid != winner]
+    verdicts = await node._cancel_copies(waiting)
+    return _json(
+        {
+            "token": token,
+            "delivered": winner,
+            "cancelled": sum(v == "cancelled" for v in verdicts),
+        }
+    )
+
+
+async def internal_claim(request: Request) -> Response:
+    """A claim by the node delivering a tied copy, on the leader of the token's group."""
+    node = await _node(request)
+    payload = await _json_body(request)
+    token, mid = _field(payload, "token"), _field(payload, "id")
+    if node.placement.owner(token) != node.id:
+        raise Misrouted(f"tie {token} belongs to {node.placement.owner(token)}, not {node.id}")
+    verdict, copies = await node.claim_local(token, mid)
+    return _json({"verdict": verdict, "copies": [list(c) for c in copies]})
+
+
 def _check_rights(request: Request, names: Iterable[str], right: str) -> None:
     """A client token's `right` on every queue in `names` (a node may do anything)."""
     clients: ClientGuard | None = request.app[CLIENTS]
@@ -1061,7 +1336,14 @@ async def _publish_items(request: Request, node: Node) -> list[_Copy]:
         b = decode_batch(request.body, max_count=limits.max_batch_messages)
         if b.ids is not None and any(i is not None for i in b.ids):
             raise BadRequest("a publish batch frame takes dedup_ids, not ids")
-        items = _frame_items("q", request.body, limits.max_batch_messages, limits.max_message_bytes)
+        items = _frame_items(
+            "q",
+            request.body,
+            limits.max_batch_messages,
+            limits.max_message_bytes,
+            False,
+            node.placement.owner,
+        )
         dedups = b.dedup_ids or [None] * b.count
     else:
         payload = await _json_body(request)
@@ -1069,10 +1351,22 @@ async def _publish_items(request: Request, node: Node) -> list[_Copy]:
         if isinstance(raw, list) and any(isinstance(m, dict) and "id" in m for m in raw):
             raise BadRequest("a publish batch takes dedup_id, not id: each copy has its own")
         items = _batch_items(
-            "q", payload, limits.max_batch_messages, limits.max_message_bytes, False
+            "q",
+            payload,
+            limits.max_batch_messages,
+            limits.max_message_bytes,
+            False,
+            node.placement.owner,
         )
         dedups = [m.get("dedup_id") for m in raw] if isinstance(raw, list) else []
+    _no_groups(items)
     return [_Copy(item, d) for item, d in zip(items, dedups, strict=True)]
+
+
+def _no_groups(items: Iterable[PushItem]) -> None:
+    """Copies of a publish or broadcast go to plain queues only: they take no group."""
+    if any([item.group is not None for item in items]):
+        raise BadRequest("a publish or broadcast takes no group: FIFO queues take pushes only")
 
 
 async def _fan_out(
@@ -1151,8 +1445,14 @@ async def broadcast(request: Request) -> Response:
     if "id" in message:
         raise BadRequest("a broadcast takes dedup_id, not id: each copy has its own")
     [item] = _batch_items(
-        "q", {"messages": [message]}, 1, node.config.limits.max_message_bytes, False
+        "q",
+        {"messages": [message]},
+        1,
+        node.config.limits.max_message_bytes,
+        False,
+        node.placement.owner,
     )
+    _no_groups([item])
     copy = _Copy(item, message.get("dedup_id"))
     found = await asyncio.gather(
         *(node.metadata_via_owner(q) for q in queues), return_exceptions=True
@@ -1630,6 +1930,9 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/topics/{topic}/batch", publish, WRITE),
     ("POST", "/v1/broadcast", broadcast, ANY_CLIENT),
     ("GET", "/v1/backup/{group}", backup, CLUSTER_ADMIN),
+    ("POST", "/v1/tied", push_tied, ANY_CLIENT),
+    ("DELETE", "/v1/tied/{token}", cancel_tied, ANY_CLIENT),
+    ("POST", "/v1/internal/claim", internal_claim, NODE_ONLY),
     ("POST", "/v1/internal/queues/{queue}/purge", internal_purge, NODE_ONLY),
     ("GET", "/v1/internal/queues/{queue}/depth", internal_depth, NODE_ONLY),
     ("GET", "/v1/internal/owned-queues", internal_owned, NODE_ONLY),

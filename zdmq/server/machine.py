@@ -25,6 +25,8 @@ raising it: an error is a result like any other, the same on every replica.
                 drop topics, subscribe and unsubscribe queues
     PurgeQueue  drop this node's share of a queue
     DropEmpty   forget an emptied UUID queue (ZDMQ's empty step)
+    Tie, Claim, Untie   a tie's record (on the group that owns its token), the first
+                claim of one of its copies, its cancel
 """
 
 from __future__ import annotations
@@ -60,12 +62,15 @@ from zdmq.server.state import (
     Requeue,
     Subscribe,
     Taken,
+    Tied,
     Unregister,
     Unsubscribe,
+    Untied,
 )
 
 __all__ = [
     "CancelMessage",
+    "Claim",
     "Command",
     "DropEmpty",
     "Expire",
@@ -75,6 +80,8 @@ __all__ = [
     "Push",
     "Settle",
     "Take",
+    "Tie",
+    "Untie",
     "Wake",
     "apply_command",
     "decode_command",
@@ -86,7 +93,8 @@ __all__ = [
 # ---- commands --------------------------------------------------------------------------
 class Push(NamedTuple):
     """Stores `items` (id, body, content type, dedup, and optionally priority, deadline,
-    delay_s, attributes: see `push_options`) in `queue`, all arriving at `now`.
+    delay_s, attributes and a FIFO group: see `push_options`) in `queue`, all arriving
+    at `now`.
 
     Result: per item, whether it was a repeat that stored nothing (an id stored already,
     the same id twice in the batch, or a dedup id inside its window); or the error that
@@ -214,8 +222,45 @@ class CancelMessage(NamedTuple):
     id: str
 
 
+class Tie(NamedTuple):
+    """Records tie `token` with its copies (queue, id), before any copy is stored.
+    Result: True, or False when the token is recorded already (a retry)."""
+
+    token: str
+    copies: Sequence[tuple[str, str]]
+    now: float
+
+
+class Claim(NamedTuple):
+    """Copy `id` of tie `token` claims its delivery; the first claim wins. Result: "won"
+    (also for the winner's claim again), "lost" (another copy won, or the tie was
+    cancelled) or "unknown" (no such tie)."""
+
+    token: str
+    id: str
+
+
+class Untie(NamedTuple):
+    """Cancels tie `token`: no copy of it wins a claim from now on. Result: (copies, the
+    copy that had won or None), or None when there is no such tie."""
+
+    token: str
+
+
 Command = (
-    Push | Take | Settle | Expire | Wake | Housekeep | Meta | PurgeQueue | DropEmpty | CancelMessage
+    Push
+    | Take
+    | Settle
+    | Expire
+    | Wake
+    | Housekeep
+    | Meta
+    | PurgeQueue
+    | DropEmpty
+    | CancelMessage
+    | Tie
+    | Claim
+    | Untie
 )
 
 
@@ -258,7 +303,7 @@ def _push(state: NodeState, c: Push) -> list[bool] | ZdmqError:
                 )
             if held is not None and held != queue and not dedup:
                 return MessageIdConflict(f"message id {mid} is in use by another queue")
-    plain = not any([len(i) > 4 and (i[4] or i[5] or i[6] or i[7]) for i in items])
+    plain = not any([len(i) > 4 and (i[4] or i[5] or i[6] or i[7] or any(i[8:])) for i in items])
     if fresh and not any([i[3] for i in items]) and len({i[0] for i in items}) == len(items):
         # The common case: new ids, each once, no dedup windows.
         if plain:
@@ -280,11 +325,15 @@ def _push(state: NodeState, c: Push) -> list[bool] | ZdmqError:
     return duplicate
 
 
-def _options(item: Sequence[Any]) -> tuple[int, float, float, str | None]:
-    """(priority, deadline, delay_s, attributes) of a Push item (defaults if it has none)."""
+def _options(
+    item: Sequence[Any],
+) -> tuple[int, float, float, str | None, str | None, str | None]:
+    """(priority, deadline, delay_s, attributes, group, tie) of a Push item (defaults if
+    it has none)."""
     if len(item) == 4:
-        return 0, 0.0, 0.0, None
-    return item[4], item[5], item[6], item[7]
+        return 0, 0.0, 0.0, None, None, None
+    group = item[8] if len(item) > 8 else None
+    return item[4], item[5], item[6], item[7], group, item[9] if len(item) > 9 else None
 
 
 def _take(state: NodeState, c: Take) -> list[Taken]:
@@ -432,6 +481,26 @@ def _drop_empty(state: NodeState, c: DropEmpty) -> bool:
     return True
 
 
+def _tie(state: NodeState, c: Tie) -> bool:
+    if c.token in state.ties:
+        return False
+    state.apply(Tied(c.token, tuple((q, mid) for q, mid in c.copies), c.now))
+    return True
+
+
+def _claim(state: NodeState, c: Claim) -> str:
+    return state.claim(c.token, c.id)
+
+
+def _untie(state: NodeState, c: Untie) -> tuple[list[list[str]], str | None] | None:
+    tie = state.ties.get(c.token)
+    if tie is None:
+        return None
+    if not tie.cancelled:
+        state.apply(Untied(c.token))
+    return [list(copy) for copy in tie.copies], tie.winner
+
+
 _APPLY: dict[type, Callable[[NodeState, Any], Any]] = {
     Push: _push,
     Take: _take,
@@ -443,6 +512,9 @@ _APPLY: dict[type, Callable[[NodeState, Any], Any]] = {
     PurgeQueue: _purge,
     DropEmpty: _drop_empty,
     CancelMessage: _cancel,
+    Tie: _tie,
+    Claim: _claim,
+    Untie: _untie,
 }
 
 

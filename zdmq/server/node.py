@@ -35,6 +35,7 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
     InternalError,
+    Misrouted,
     NodeUnavailable,
     NotLeader,
     QueueExists,
@@ -51,12 +52,14 @@ from zdmq.models import (
     BATCH_CONTENT_TYPE,
     QueueSettings,
     decode_batch,
+    group_key,
     make_receipt,
     message_from_wire,
 )
 from zdmq.server.heap import Heap
 from zdmq.server.machine import (
     CancelMessage,
+    Claim,
     Command,
     DropEmpty,
     Expire,
@@ -66,6 +69,8 @@ from zdmq.server.machine import (
     Push,
     Settle,
     Take,
+    Tie,
+    Untie,
     Wake,
     apply_command,
 )
@@ -112,6 +117,8 @@ class PushItem(NamedTuple):
     deadline: float = 0.0  # unix seconds; 0: none
     delay_s: float = 0.0  # invisible for this long after the push
     attributes: str | None = None  # a JSON object of string keys and values
+    group: str | None = None  # the FIFO group (a FIFO queue's message: every one has one)
+    tie: str | None = None  # the tie token of a tied copy
 
 
 class Delivery(NamedTuple):
@@ -124,6 +131,7 @@ class Delivery(NamedTuple):
     receive_count: int = 0
     attributes: str | None = None  # a JSON object of string keys and values
     priority: int = 0
+    group: str | None = None
 
 
 # How often the lease monitor looks at the clock at most, and how often it sweeps
@@ -729,8 +737,9 @@ class Node:
         # No await between the registration check and the push: an unregister can only
         # run on an empty UUID queue under the lock, so it cannot interleave here.
         settings = self.settings[queue]
+        self._check_groups(queue, settings, items)
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready_count()
+        was_empty = lq is None or not lq.deliverable()
         duplicate: list[bool] = await self.execute(
             Push(queue, items, time.time(), settings.max_message_bytes, settings.dedup_window_s)
         )
@@ -740,9 +749,28 @@ class Node:
         if self.metrics is not None:
             self.metrics.count("pushed", queue, stored)
         lq = state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready_count():
+        if was_empty and lq is not None and lq.deliverable():
             self._notify_ready(queue)
         return duplicate
+
+    def _check_groups(self, queue: str, settings: QueueSettings, items: Sequence[PushItem]) -> None:
+        """A FIFO queue's messages each have a group that this node owns, and no
+        priority, deadline or delay; other queues' messages have no group."""
+        if not settings.fifo:
+            if any([item.group is not None for item in items]):
+                raise BadRequest(f"queue {queue!r} is not a FIFO queue: its messages take no group")
+            return
+        owner = self.placement.owner
+        for item in items:
+            if item.group is None:
+                raise BadRequest(f"queue {queue!r} is a FIFO queue: every message needs a group")
+            if item.priority or item.deadline or item.delay_s:
+                raise BadRequest(
+                    f"queue {queue!r} is a FIFO queue: its messages take no priority, "
+                    "deadline, ttl_s or delay_s"
+                )
+            if owner(group_key(queue, item.group)) != self.id:
+                raise Misrouted(f"group {item.group!r} of {queue!r} belongs to another node")
 
     def _notify_ready(self, queue: str) -> None:
         """Tells the metadata owner this node has visible messages (long polls wake).
@@ -785,7 +813,9 @@ class Node:
         state = self.state
         lq = state.queues.get(queue)
         now = time.time()
-        if lq is not None and (lq.ready_count() or (lq.delayed and state.delays_due(now))):
+        # (A FIFO queue whose groups all have a message out has nothing to take: no
+        # command for nothing.)
+        if lq is not None and (lq.deliverable() or (lq.delayed and state.delays_due(now))):
             settings = self.settings.get(queue)
             if settings is None:
                 try:
@@ -801,6 +831,7 @@ class Node:
                 vis = lease_s if lease_s is not None else settings.visibility_timeout_s
                 cmd = Take(queue, limit, now, retention, vis, self._new_token()[:12], min_priority)
                 leased: list[Taken] = await self.execute(cmd)
+                taken = leased
                 # Every leased one has a token.
                 out = [
                     Delivery(
@@ -811,6 +842,7 @@ class Node:
                         t.receive_count,
                         t.attributes,
                         t.priority,
+                        t.group,
                     )
                     for t in leased
                 ]
@@ -821,13 +853,18 @@ class Node:
                 popped: list[Taken] = await self.execute(
                     Take(queue, limit, now, retention, None, "", min_priority)
                 )
+                taken = popped
                 out = [
-                    Delivery(t.id, t.body, t.content_type, None, 0, t.attributes, t.priority)
+                    Delivery(
+                        t.id, t.body, t.content_type, None, 0, t.attributes, t.priority, t.group
+                    )
                     for t in popped
                 ]
                 self.counters["popped"] += len(out)
                 if self.metrics is not None:
                     self.metrics.count("popped", queue, len(out))
+            if any([t.tie is not None for t in taken]):
+                out = await self._claim_ties(queue, taken, out, receive)
             if out:
                 return out
             lq = state.queues.get(queue)
@@ -839,6 +876,97 @@ class Node:
         elif emptied or (lq is None and listed):
             await self._drop_empty(queue)
         return []
+
+    # ---- tied messages -------------------------------------------------------------
+    async def _claim_ties(
+        self, queue: str, taken: list[Taken], out: list[Delivery], receive: bool
+    ) -> list[Delivery]:
+        """Claims each tied copy of a take before it is handed out (docs/design.md §18):
+        a copy that wins (or whose tie is unknown: forgotten) goes out and the tie's other
+        copies are cancelled; one that loses is dropped (a leased one acked away); one
+        whose claim's outcome is unknown is not handed out: a leased one is nacked (it
+        comes back and claims again: a claim of the winning copy wins again), a popped
+        one is lost with the pop (at-most-once)."""
+        tied = [i for i, t in enumerate(taken) if t.tie is not None]
+        verdicts = await asyncio.gather(
+            *(self.claim(taken[i].tie or "", taken[i].id) for i in tied), return_exceptions=True
+        )
+        drop: set[int] = set()
+        lost: list[tuple[str, str]] = []
+        back: list[tuple[str, str]] = []
+        for i, verdict in zip(tied, verdicts, strict=True):
+            t = taken[i]
+            if isinstance(verdict, BaseException):
+                if not isinstance(verdict, ZdmqError):
+                    raise verdict
+                log.warning("claim of %s (tie %s) failed: %s", t.id, t.tie, verdict)
+                drop.add(i)
+                back.append((t.id, t.token or ""))
+                self.counters["claims_unknown"] += 1
+            elif verdict[0] == "lost":
+                drop.add(i)
+                lost.append((t.id, t.token or ""))
+                self.counters["claims_lost"] += 1
+            else:
+                self.counters["claims_won"] += 1
+                others = [(q, mid) for q, mid in verdict[1] if mid != t.id]
+                if others:
+                    self._spawn(self._cancel_copies(others))
+        if receive and lost:
+            await self.execute(Settle(queue, "ack", lost, time.time()))
+        if receive and back:
+            await self.execute(Settle(queue, "nack", back, time.time(), 1.0))
+        return [d for i, d in enumerate(out) if i not in drop]
+
+    async def claim(self, token: str, mid: str) -> tuple[str, list[tuple[str, str]]]:
+        """Claims copy `mid` of tie `token` on the group that owns the token: its verdict
+        ("won", "lost" or "unknown") and the tie's copies (queue, id)."""
+        owner = self.placement.owner(token)
+        if owner == self.id:
+            return await self.claim_local(token, mid)
+        reply = await self.peer_call(
+            owner, "POST", "/v1/internal/claim", json={"token": token, "id": mid}
+        )
+        j = reply.json()
+        return str(j["verdict"]), [(str(q), str(i)) for q, i in j["copies"]]
+
+    async def claim_local(self, token: str, mid: str) -> tuple[str, list[tuple[str, str]]]:
+        self._check_storage()
+        verdict: str = await self.execute(Claim(token, mid))
+        tie = self.state.ties.get(token)
+        return verdict, list(tie.copies) if tie is not None else []
+
+    async def tie_local(self, token: str, copies: Sequence[tuple[str, str]]) -> bool:
+        """Records tie `token` (this group owns it); False if it was recorded already."""
+        self._check_storage()
+        made: bool = await self.execute(Tie(token, list(copies), time.time()))
+        return made
+
+    async def untie_local(self, token: str) -> tuple[list[list[str]], str | None] | None:
+        self._check_storage()
+        result: tuple[list[list[str]], str | None] | None = await self.execute(Untie(token))
+        return result
+
+    async def cancel_anywhere(self, queue: str, mid: str) -> str:
+        """Cancels message `mid` of `queue` on the group that owns its id: the verdict of
+        CancelMessage."""
+        owner = self.placement.owner(mid)
+        if owner == self.id:
+            return await self.cancel_local(queue, mid)
+        reply = await self.peer_call(owner, "DELETE", f"/v1/queues/{queue}/messages/{mid}")
+        return "cancelled" if reply.status == 204 else "unknown"
+
+    async def _cancel_copies(self, copies: Sequence[tuple[str, str]]) -> list[str]:
+        """Cancels tied copies that lost (they would lose their claims anyway: this only
+        spares them a delivery attempt); each one's verdict, or its error's code."""
+
+        async def one(queue: str, mid: str) -> str:
+            try:
+                return await self.cancel_anywhere(queue, mid)
+            except ZdmqError as e:
+                return e.code
+
+        return list(await asyncio.gather(*(one(q, mid) for q, mid in copies)))
 
     def _drop_later(self, queue: str) -> None:
         """Unregisters the emptied UUID queue of `queue` once `unregister_grace_s` has
@@ -880,7 +1008,7 @@ class Node:
             max_receives = settings.max_receives
             dlq = await self._dead_letter_target(queue, settings, [mid for _, mid, _ in leases])
         lq = state.queues.get(queue)
-        was_empty = lq is None or not lq.ready_count()
+        was_empty = lq is None or not lq.deliverable()
         cmd = Settle(
             queue,
             action,
@@ -911,7 +1039,7 @@ class Node:
         if moved and self.metrics is not None:
             self.metrics.count("dead_lettered", queue, moved)
         lq = self.state.queues.get(queue)
-        if was_empty and lq is not None and lq.ready_count():
+        if was_empty and lq is not None and lq.deliverable():
             self._notify_ready(queue)
         for dlq in dlqs:
             self._notify_ready(dlq)
@@ -968,7 +1096,7 @@ class Node:
                 continue
             self._monitor_retry_at.pop(queue, None)
             lq = state.queues.get(queue)
-            was_empty = lq is None or not lq.ready_count()
+            was_empty = lq is None or not lq.deliverable()
             ops = await self.execute(Expire(queue, due, now, settings.max_receives, dlq))
             self.counters["expired"] += len(ops)
             if self.metrics is not None:
@@ -1356,6 +1484,7 @@ def _deliveries_of(reply: _http.Reply) -> list[Delivery]:
                 b.receive_counts or [0] * n,
                 b.attributes or [None] * n,
                 b.priorities or [0] * n,
+                b.groups or [None] * n,
                 strict=True,
             ),
         )
@@ -1374,4 +1503,5 @@ def _delivery_from_wire(item: dict[str, Any]) -> Delivery:
         count,
         orjson.dumps(attrs).decode() if attrs else None,
         int(item.get("priority", 0)),
+        m.group,
     )

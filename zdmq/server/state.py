@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections import Counter
+from bisect import bisect_left
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -55,8 +56,10 @@ from zdmq.models import QueueSettings
 
 __all__ = [
     "CANCELS_KEPT",
+    "TIES_KEPT",
     "TOMBSTONES_KEPT",
     "Cancel",
+    "Claimed",
     "CreateQueue",
     "CreateTopic",
     "DeadLetter",
@@ -83,9 +86,12 @@ __all__ = [
     "StoredMessage",
     "Subscribe",
     "Taken",
+    "TieRecord",
+    "Tied",
     "TopicMeta",
     "Unregister",
     "Unsubscribe",
+    "Untied",
     "id_key",
 ]
 
@@ -97,10 +103,14 @@ TOMBSTONES_KEPT = 10_000
 # A node keeps the ids of its last this many cancelled messages (about 150 bytes each), so
 # that a repeated cancel of one of them answers as the first did.
 CANCELS_KEPT = 10_000
+# A group keeps its last this many ties (about 300 bytes each for three copies); a copy of
+# an older tie finds its tie unknown when delivered (docs/design.md §18).
+TIES_KEPT = 1_000_000
 
 
 # ---- operations ------------------------------------------------------------------------
-PushOptions = tuple[int, float, float, str | None]  # priority, deadline, visible_at, attributes
+# priority, deadline, visible_at, attributes, FIFO group (or None), tie token (or None)
+PushOptions = tuple[int, float, float, str | None, str | None, str | None]
 
 
 class CreateQueue(NamedTuple):
@@ -167,7 +177,9 @@ class Push(NamedTuple):
     dedup_until: float = 0.0
     # None for a message without delivery options (most), else (priority 0..9, deadline
     # or 0: never delivered from then on, visible_at: delayed until then if later than
-    # enqueued_at, attributes: a JSON object of strings or None).
+    # enqueued_at, attributes: a JSON object of strings or None, group: the FIFO group
+    # of a message of a FIFO queue or None, tie: the token of the tie of a tied copy or
+    # None).
     options: PushOptions | None = None
 
 
@@ -220,7 +232,9 @@ class Requeue(NamedTuple):
     """Ends a lease (nack, release or expiry); the message is visible again at `visible_at`.
 
     The message takes a fresh sequence number, `new_seq`: it queues up again behind
-    everything stored so far, and a reload rebuilds that order (see finish_restore).
+    everything stored so far, and a reload rebuilds that order (see finish_restore). A
+    message of a FIFO group keeps its seq (`new_seq` is `seq`): it goes back to the head
+    of its group, whose order is its messages' seqs.
     """
 
     queue: str
@@ -243,6 +257,28 @@ class DeadLetter(NamedTuple):
     dlq: str
     moved_at: float
     new_seq: int  # as for Requeue: it joins the DLQ's tail
+
+
+class Tied(NamedTuple):
+    """Records a tie (on the group that owns its token): the copies (queue, id) stored
+    under `token`, of which at most one is delivered (the first to claim it)."""
+
+    token: str
+    copies: tuple[tuple[str, str], ...]
+    created_at: float
+
+
+class Claimed(NamedTuple):
+    """Copy `id` of tie `token` won its claim: it alone may be delivered."""
+
+    token: str
+    id: str
+
+
+class Untied(NamedTuple):
+    """Tie `token` is cancelled: no copy of it may be delivered from now on."""
+
+    token: str
 
 
 class ForgetDedup(NamedTuple):
@@ -269,6 +305,9 @@ Op = (
     | Requeue
     | DeadLetter
     | ForgetDedup
+    | Tied
+    | Claimed
+    | Untied
 )
 
 
@@ -282,6 +321,8 @@ class Row(NamedTuple):
     receive_count: int
     attributes: str | None = None
     priority: int = 0
+    group: str | None = None
+    tie: str | None = None
 
 
 class Rows(Protocol):
@@ -304,6 +345,8 @@ class Taken(NamedTuple):
     token: str | None = None
     attributes: str | None = None
     priority: int = 0
+    group: str | None = None
+    tie: str | None = None  # the token of the tie this copy belongs to
 
 
 def id_key(mid: str) -> int | str:
@@ -340,7 +383,7 @@ class MemoryRows:
             if o is None:
                 rows[op.seq] = Row(op.id, op.body, op.content_type, 0)
             else:
-                rows[op.seq] = Row(op.id, op.body, op.content_type, 0, o[3], o[0])
+                rows[op.seq] = Row(op.id, op.body, op.content_type, 0, o[3], o[0], o[4], o[5])
         elif kind is Remove or kind is Cancel:
             assert isinstance(op, Remove | Cancel)
             rows.pop(op.seq, None)
@@ -352,7 +395,8 @@ class MemoryRows:
             rows[op.new_seq] = rows.pop(op.seq)
         elif kind is DeadLetter:
             assert isinstance(op, DeadLetter)
-            rows[op.new_seq] = rows.pop(op.seq)._replace(receive_count=0)
+            # In the dead-letter queue a FIFO message is in no group.
+            rows[op.new_seq] = rows.pop(op.seq)._replace(receive_count=0, group=None)
         elif kind is Purge:
             assert isinstance(op, Purge)
             for seq in op.seqs:
@@ -366,6 +410,7 @@ class StoredMessage:
     __slots__ = (
         "deadline",
         "enqueued_at",
+        "group",
         "lease",
         "lease_until",
         "origin",
@@ -395,6 +440,7 @@ class StoredMessage:
         self.lease_until = 0.0
         self.visible_at = 0.0
         self.origin: str | None = None  # the queue it was dead-lettered from
+        self.group: str | None = None  # its FIFO group (held busy while it is not ready)
 
 
 class ReadyQueue:
@@ -467,11 +513,26 @@ class LocalQueue:
     whose seq it no longer holds is stale (skipped; seqs are never reused). A take
     merges them (`ordered`); while `placed` is empty it reads `ready` alone, as a queue
     without priorities always does.
+
+    The ready messages of a FIFO queue are kept by group instead: `groups` maps each
+    group with ready messages to their seqs in push order (a deque), `gseq` maps each of
+    those seqs to (group, enqueued_at). A group is *busy* while one of its messages is
+    not ready (leased, or waiting out a nack's delay): `busy` maps it to that message's
+    id, and nothing else of the group is delivered meanwhile. `free` is a heap of
+    (head seq, group) of the groups that are not busy, whose head is that seq: a take
+    walks it, oldest head first, so groups take turns in the order their heads were
+    pushed. An entry whose group has become busy or whose head has changed is stale
+    (skipped and dropped); so the heap's live entries follow from `groups` and `busy`
+    alone, which is what a reload rebuilds.
     """
 
     __slots__ = (
+        "busy",
         "delayed",
         "first_uuid",
+        "free",
+        "groups",
+        "gseq",
         "leased",
         "levels",
         "origins",
@@ -495,13 +556,110 @@ class LocalQueue:
         # The earliest time a ready message of this queue can be past retention, as far
         # as the last retention check knows (0: check at the next sweep).
         self.retention_due = 0.0
+        # FIFO groups (see the class's doc).
+        self.groups: dict[str, deque[int]] = {}
+        self.gseq: dict[int, tuple[str, float]] = {}
+        self.busy: dict[str, str] = {}
+        self.free: list[tuple[int, str]] = []
 
     def ready_count(self) -> int:
-        return len(self.ready) + len(self.placed)
+        return len(self.ready) + len(self.placed) + len(self.gseq)
 
     def holds(self) -> int:
         """Every message of the queue on this node, visible or not."""
-        return len(self.ready) + len(self.placed) + len(self.leased) + len(self.delayed)
+        return (
+            len(self.ready)
+            + len(self.placed)
+            + len(self.gseq)
+            + len(self.leased)
+            + len(self.delayed)
+        )
+
+    def deliverable(self) -> bool:
+        """Whether a take would find a message now: a ready one outside FIFO groups, or
+        the head of a group that is not busy."""
+        return bool(self.ready) or bool(self.placed) or self.free_head() is not None
+
+    # ---- FIFO groups ----------------------------------------------------------------
+    def join_group(self, group: str, seq: int, enqueued_at: float) -> None:
+        """Ready message `seq` joins `group` in seq order: at the tail when pushed, at
+        the head when it comes back from a lease."""
+        dq = self.groups.get(group)
+        if dq is None:
+            dq = self.groups[group] = deque()
+        if not dq or seq > dq[-1]:
+            dq.append(seq)
+        elif seq < dq[0]:
+            dq.appendleft(seq)
+        else:
+            dq.insert(bisect_left(dq, seq), seq)
+        self.gseq[seq] = (group, enqueued_at)
+        if dq[0] == seq and group not in self.busy:
+            heapq.heappush(self.free, (seq, group))
+
+    def _leave_group(self, seq: int) -> float | None:
+        """Takes ready message `seq` out of its group; its enqueued_at, or None when it is
+        in no group."""
+        g = self.gseq.pop(seq, None)
+        if g is None:
+            return None
+        group, enqueued_at = g
+        dq = self.groups[group]
+        if dq[0] == seq:
+            dq.popleft()
+            if dq and group not in self.busy:
+                heapq.heappush(self.free, (dq[0], group))
+        else:
+            dq.remove(seq)
+        if not dq:
+            del self.groups[group]
+        return enqueued_at
+
+    def group_of(self, seq: int) -> str | None:
+        """The group of ready message `seq`, None outside FIFO groups."""
+        g = self.gseq.get(seq) if self.gseq else None
+        return g[0] if g is not None else None
+
+    def hold_group(self, group: str, mid: str) -> None:
+        """`group` is busy while message `mid` is not ready."""
+        self.busy[group] = mid
+
+    def release_group(self, group: str) -> None:
+        """`group` is no longer busy: its head may be delivered."""
+        if self.busy.pop(group, None) is not None:
+            dq = self.groups.get(group)
+            if dq:
+                heapq.heappush(self.free, (dq[0], group))
+
+    def _live(self, entry: tuple[int, str]) -> bool:
+        seq, group = entry
+        dq = self.groups.get(group)
+        return dq is not None and dq[0] == seq and group not in self.busy
+
+    def free_head(self) -> tuple[int, str] | None:
+        """The live `free` entry with the oldest head (stale ones on top are dropped)."""
+        free = self.free
+        while free and not self._live(free[0]):
+            heapq.heappop(free)
+        return free[0] if free else None
+
+    def free_groups(self) -> Iterator[tuple[int, str]]:
+        """The live `free` entries, oldest head first, without changing the heap (the
+        queue must not change while this runs)."""
+        free = self.free
+        if len(free) > 64 and len(free) > 2 * len(self.groups):
+            self.free = free = sorted(e for e in free if self._live(e))
+        frontier = [(free[0], 0)] if free else []
+        n = len(free)
+        seen: set[str] = set()  # an entry can be on the heap twice
+        while frontier:
+            entry, i = heapq.heappop(frontier)
+            if entry[1] not in seen and self._live(entry):
+                seen.add(entry[1])
+                yield entry
+            for j in (2 * i + 1, 2 * i + 2):
+                if j < n:
+                    heapq.heappush(frontier, (free[j], j))
 
     def join(self, seq: int, enqueued_at: float, priority: int, deadline: float, n: int) -> None:
         """A message becomes ready; `n` orders it among those with a deadline."""
@@ -519,6 +677,10 @@ class LocalQueue:
 
     def leave(self, seq: int) -> tuple[float, int, float]:
         """Takes ready message `seq` out; its (enqueued_at, priority, deadline)."""
+        if self.gseq:
+            t = self._leave_group(seq)
+            if t is not None:
+                return t, 0, 0.0
         placed = self.placed.pop(seq, None) if self.placed else None
         if placed is None:
             return self.ready.remove(seq), 0, 0.0
@@ -575,6 +737,10 @@ class LocalQueue:
             seq = t[3]
             yield seq, placed[seq][2], -t[0], t[1]
             t = next(timed, None)
+        if self.gseq:  # FIFO groups' messages, in push order
+            gseq = self.gseq
+            for seq in sorted(gseq):
+                yield seq, gseq[seq][1], 0, 0.0
 
 
 class QueueMeta:
@@ -603,6 +769,19 @@ class TopicMeta:
         self.name = name
         self.created_at = created_at
         self.subscriptions: dict[str, None] = {}
+
+
+class TieRecord:
+    """A tie: its copies (queue, id), the copy that won its claim (None: none yet) and
+    whether it was cancelled."""
+
+    __slots__ = ("cancelled", "copies", "created_at", "winner")
+
+    def __init__(self, copies: tuple[tuple[str, str], ...], created_at: float) -> None:
+        self.copies = copies
+        self.created_at = created_at
+        self.winner: str | None = None
+        self.cancelled = False
 
 
 class MessageView(NamedTuple):
@@ -667,14 +846,18 @@ class NodeState:
         self._lease_timers_max = 0
         self._delay_timers: list[tuple[float, int, str]] = []
         # Ready messages being restored:
-        # (ready_at, seq, queue, enqueued_at, origin, priority, deadline).
-        self._restoring: list[tuple[float, int, str, float, str | None, int, float]] = []
+        # (ready_at, seq, queue, enqueued_at, origin, priority, deadline, group).
+        self._restoring: list[
+            tuple[float, int, str, float, str | None, int, float, str | None]
+        ] = []
         # Messages held in dead-letter queues, by the queue they came from.
         self.dead_lettered: Counter[str] = Counter()
         # Messages dropped unseen past their deadline, by queue (until it is purged).
         self.expired: Counter[str] = Counter()
         # The last CANCELS_KEPT cancelled ids, oldest first: id -> queue.
         self.cancelled: dict[str, str] = {}
+        # Ties whose token this group owns, oldest first (at most TIES_KEPT).
+        self.ties: dict[str, TieRecord] = {}
         # Deadlines of ready messages: (deadline, seq, queue); stale once the message
         # left ready (its queue's `placed` no longer holds the seq).
         self._deadlines: list[tuple[float, int, str]] = []
@@ -711,8 +894,11 @@ class NodeState:
             if seq >= self.next_seq:
                 self.next_seq = seq + 1
             return
-        priority, deadline, visible_at, _ = options
-        if visible_at > enqueued_at:  # delayed from the start
+        priority, deadline, visible_at, _, group, _ = options
+        if group is not None:  # a FIFO queue's (no priority, deadline or delay)
+            lq.join_group(group, seq, enqueued_at)
+            self.ready_ids[id_key(mid)] = queue
+        elif visible_at > enqueued_at:  # delayed from the start
             m = self.hot[mid] = StoredMessage(queue, seq, enqueued_at, 0, priority, deadline)
             m.visible_at = visible_at
             lq.delayed.add(mid)
@@ -755,7 +941,11 @@ class NodeState:
 
     def _apply_dead_letter(self, op: DeadLetter) -> None:
         m = self.hot.pop(op.id)
-        self._unlink(self.queues[op.queue], op.id, m)
+        lq = self.queues[op.queue]
+        self._unlink(lq, op.id, m)
+        if m.group is not None:  # the move releases the group; in the DLQ it has none
+            lq.release_group(m.group)
+            m.group = None
         self._forget_if_empty(op.queue)
         self._origin_gone(m.origin)
         self._resequence(m, op.new_seq)
@@ -782,6 +972,8 @@ class NodeState:
                 lq.delayed.discard(op.id)
             if gone.origin is not None:
                 self._origin_gone(gone.origin)
+            if gone.group is not None:
+                lq.release_group(gone.group)
         if type(op) is Remove:
             if op.expired:
                 self.expired[op.queue] += 1
@@ -819,6 +1011,43 @@ class NodeState:
             rec = self.dedup.get(mid)
             if rec is not None and rec[1] == until:
                 del self.dedup[mid]
+
+    def _apply_tied(self, op: Tied) -> None:
+        ties = self.ties
+        ties[op.token] = TieRecord(tuple((q, mid) for q, mid in op.copies), op.created_at)
+        while len(ties) > TIES_KEPT:
+            del ties[next(iter(ties))]
+
+    def _apply_claimed(self, op: Claimed) -> None:
+        self.ties[op.token].winner = op.id
+
+    def _apply_untied(self, op: Untied) -> None:
+        self.ties[op.token].cancelled = True
+
+    def restore_tie(
+        self,
+        token: str,
+        copies: tuple[tuple[str, str], ...],
+        created_at: float,
+        winner: str | None,
+        cancelled: bool,
+    ) -> None:
+        tie = self.ties[token] = TieRecord(copies, created_at)
+        tie.winner, tie.cancelled = winner, cancelled
+
+    def claim(self, token: str, mid: str) -> str:
+        """Copy `mid` of tie `token` claims its delivery: "won" (the first claim, or this
+        copy's again), "lost" (another copy won, or the tie was cancelled) or "unknown"
+        (no such tie: never made, or forgotten past TIES_KEPT)."""
+        tie = self.ties.get(token)
+        if tie is None:
+            return "unknown"
+        if tie.winner == mid:
+            return "won"
+        if tie.winner is not None or tie.cancelled or all(mid != c[1] for c in tie.copies):
+            return "lost"
+        self.apply(Claimed(token, mid))
+        return "won"
 
     def _apply_register(self, op: Register) -> None:
         self.meta[op.queue].nodes.setdefault(op.node, op.first_uuid)
@@ -861,12 +1090,17 @@ class NodeState:
     def _heat(
         self, lq: LocalQueue, queue: str, mid: str, seq: int, receive_count: int = 0
     ) -> StoredMessage:
-        """Takes a ready message out of its ready queue into `hot` (it leaves ready)."""
+        """Takes a ready message out of its ready queue into `hot` (it leaves ready); a
+        FIFO group's message holds its group busy."""
         del self.ready_ids[id_key(mid)]
+        group = lq.group_of(seq)
+        if group is not None:
+            lq.hold_group(group, mid)
         enqueued_at, priority, deadline = lq.leave(seq)
         m = self.hot[mid] = StoredMessage(
             queue, seq, enqueued_at, receive_count, priority, deadline
         )
+        m.group = group
         if lq.origins:
             m.origin = lq.origins.pop(seq, None)
         return m
@@ -875,7 +1109,11 @@ class NodeState:
         """A delayed message becomes ready: it leaves `hot` for the ready queue."""
         del self.hot[mid]
         lq.delayed.discard(mid)
-        self._join(lq, m.queue, m.seq, m.enqueued_at, m.priority, m.deadline)
+        if m.group is not None:  # back at the head of its group, which it frees
+            lq.release_group(m.group)
+            lq.join_group(m.group, m.seq, m.enqueued_at)
+        else:
+            self._join(lq, m.queue, m.seq, m.enqueued_at, m.priority, m.deadline)
         lq.retention_due = 0.0  # an older message may now be ready
         if m.origin is not None:
             lq.origins[m.seq] = m.origin
@@ -942,9 +1180,10 @@ class NodeState:
         now: float,
         priority: int = 0,
         deadline: float = 0.0,
+        group: str | None = None,
     ) -> None:
         """Rebuilds one stored message's place and delivery state, as of `now` (its
-        body stays in storage).
+        body stays in storage). `group` is its FIFO group (ignored once dead-lettered).
 
         Call `finish_restore` after the last one: it queues the ready messages up.
         """
@@ -953,11 +1192,15 @@ class NodeState:
             lq.first_uuid = mid
         if origin is not None:
             self.dead_lettered[origin] += 1
+            group = None
         if lease is not None or visible_at > now:
             m = self.hot[mid] = StoredMessage(
                 queue, seq, enqueued_at, receive_count, priority, deadline
             )
             m.origin = origin
+            if group is not None:
+                m.group = group
+                lq.hold_group(group, mid)
             if lease is not None:
                 m.lease, m.lease_until = lease, lease_until
                 lq.leased.add(mid)
@@ -969,7 +1212,9 @@ class NodeState:
         else:
             # A message is ready from its push, or from the end of its last delay.
             ready_at = visible_at if visible_at > 0 else enqueued_at
-            self._restoring.append((ready_at, seq, queue, enqueued_at, origin, priority, deadline))
+            self._restoring.append(
+                (ready_at, seq, queue, enqueued_at, origin, priority, deadline, group)
+            )
             self.ready_ids[id_key(mid)] = queue
         if seq >= self.next_seq:
             self.next_seq = seq + 1
@@ -983,11 +1228,14 @@ class NodeState:
         move). A requeue or a move gives the message a fresh seq, so among messages ready
         at the same moment seq is the order they joined in. Sorting by (that moment, seq)
         rebuilds the live order, of each priority and of the messages with a deadline.
+        A FIFO group's messages are in seq order whatever the order they join in.
         """
-        self._restoring.sort()
-        for _, seq, queue, enqueued_at, origin, priority, deadline in self._restoring:
+        self._restoring.sort(key=lambda r: (r[0], r[1]))
+        for _, seq, queue, enqueued_at, origin, priority, deadline, group in self._restoring:
             lq = self.queues[queue]
-            if priority or deadline:
+            if group is not None:
+                lq.join_group(group, seq, enqueued_at)
+            elif priority or deadline:
                 self._join(lq, queue, seq, enqueued_at, priority, deadline)
             else:
                 lq.ready.append(seq, enqueued_at)
@@ -1054,19 +1302,28 @@ class NodeState:
     def push_options(
         self,
         queue: str,
-        messages: Iterable[tuple[str, bytes, str | None, float, int, float, float, str | None]],
+        messages: Iterable[tuple[Any, ...]],
         *,
         now: float = 0.0,
     ) -> list[Push]:
         """As `push_many`, each message with its delivery options too: (id, body, content
-        type, dedup window, priority, deadline or 0, delay in seconds, attributes)."""
+        type, dedup window, priority, deadline or 0, delay in seconds, attributes, FIFO
+        group or None, tie token or None: these two may be left out)."""
         self.wake(now)
         ops: list[Push] = []
-        for mid, body, content_type, window, priority, deadline, delay_s, attrs in messages:
+        for m in messages:
+            mid, body, content_type, window, priority, deadline, delay_s, attrs = m[:8]
+            group = m[8] if len(m) > 8 else None
+            tie = m[9] if len(m) > 9 else None
             visible_at = now + delay_s if delay_s > 0 else 0.0
             options = (
-                (priority, deadline, visible_at, attrs)
-                if priority or deadline or visible_at or attrs is not None
+                (priority, deadline, visible_at, attrs, group, tie)
+                if priority
+                or deadline
+                or visible_at
+                or attrs is not None
+                or group is not None
+                or tie is not None
                 else None
             )
             op = Push(
@@ -1092,15 +1349,21 @@ class NodeState:
         ops: list[Op],
         deliver: Callable[[int, Row], tuple[Op, Taken]],
         min_priority: int = 0,
+        once: bool = False,
     ) -> list[Taken]:
         """Takes up to `limit` ready messages from the head, reading their rows, and
         drops those past retention on the way. `deliver` makes the op of each message
-        taken (this applies it) and what the caller gets."""
+        taken (this applies it) and what the caller gets. `once`: at most one message
+        of each FIFO group (a lease busies its group)."""
         lq = self.queues.get(queue)
         out: list[Taken] = []
         if lq is None:
             return out
         self.wake(now)
+        if lq.groups:
+            return self._take_groups(
+                lq, queue, limit, now, retention_s, ops, deliver, min_priority, once
+            )
         if lq.placed or min_priority:
             return self._take_ordered(
                 lq, queue, limit, now, retention_s, ops, deliver, min_priority
@@ -1150,8 +1413,11 @@ class NodeState:
         oldest = now - retention_s if retention_s is not None else None
         plan: list[tuple[int, int]] = []  # (seq, 0 deliver / 1 retention / 2 deadline)
         wanted = 0
+        gseq = lq.gseq
         for seq, enqueued_at, priority, deadline in lq.ordered():
             if priority < min_priority or wanted >= limit or len(plan) >= limit + 10_000:
+                break
+            if seq in gseq:  # FIFO groups' messages come last, and go by _take_groups
                 break
             if deadline and deadline <= now:
                 plan.append((seq, 2))
@@ -1173,6 +1439,68 @@ class NodeState:
                 out.append(taken)
             self.apply(op)
             ops.append(op)
+        return out
+
+    def _take_groups(
+        self,
+        lq: LocalQueue,
+        queue: str,
+        limit: int,
+        now: float,
+        retention_s: float | None,
+        ops: list[Op],
+        deliver: Callable[[int, Row], tuple[Op, Taken]],
+        min_priority: int,
+        once: bool,
+    ) -> list[Taken]:
+        """`_take_ready` of a FIFO queue: the heads of the groups that are not busy,
+        oldest head first. With `once` (a lease) one message a group; else (a pop) a
+        group's next message competes with the other heads in push order. A head past
+        retention is dropped and its group's next message considered. Messages outside
+        any group (moved here from another queue as its dead-letter queue) follow."""
+        out: list[Taken] = []
+        if min_priority > 0:  # FIFO messages all have priority 0
+            return out
+        oldest = now - retention_s if retention_s is not None else None
+        plan: list[tuple[int, int]] = []  # (seq, 0 deliver / 1 retention)
+        wanted = 0
+        groups, gseq = lq.groups, lq.gseq
+        merge: list[tuple[int, str, int]] = []  # (seq, group, index in the group)
+        heads = lq.free_groups()
+        head = next(heads, None)
+        while wanted < limit and len(plan) < limit + 10_000:
+            if head is not None and (not merge or head[0] < merge[0][0]):
+                (seq, group), i = head, 0
+                head = next(heads, None)
+            elif merge:
+                seq, group, i = heapq.heappop(merge)
+            else:
+                break
+            dq = groups[group]
+            if oldest is not None and gseq[seq][1] < oldest:
+                plan.append((seq, 1))
+            else:
+                plan.append((seq, 0))
+                wanted += 1
+                if once:
+                    continue
+            if i + 1 < len(dq):
+                heapq.heappush(merge, (dq[i + 1], group, i + 1))
+        if plan:
+            rows = self._rows([seq for seq, _ in plan])
+            for seq, why in plan:
+                row = rows[seq]
+                if why:
+                    op: Op = Remove(queue, row.id, seq)
+                else:
+                    op, taken = deliver(seq, row)
+                    out.append(taken)
+                self.apply(op)
+                ops.append(op)
+        if wanted < limit and (lq.ready or lq.placed):
+            out += self._take_ordered(
+                lq, queue, limit - wanted, now, retention_s, ops, deliver, min_priority
+            )
         return out
 
     @staticmethod
@@ -1213,7 +1541,7 @@ class NodeState:
         """
 
         def pop_one(seq: int, row: Row) -> tuple[Op, Taken]:
-            taken = Taken(row[0], row[1], row[2], row[3], None, row[4], row[5])
+            taken = Taken(row[0], row[1], row[2], row[3], None, row[4], row[5], row.group, row.tie)
             return Remove(queue, row.id, seq), taken
 
         ops: list[Op] = []
@@ -1237,11 +1565,13 @@ class NodeState:
 
         def lease_one(seq: int, row: Row) -> tuple[Op, Taken]:
             token, count = new_token(), row.receive_count + 1
-            taken = Taken(row[0], row[1], row[2], count, token, row[4], row[5])
+            taken = Taken(row[0], row[1], row[2], count, token, row[4], row[5], row.group, row.tie)
             return Lease(queue, row.id, seq, token, until, count), taken
 
         ops: list[Op] = []
-        got = self._take_ready(queue, limit, now, retention_s, ops, lease_one, min_priority)
+        got = self._take_ready(
+            queue, limit, now, retention_s, ops, lease_one, min_priority, once=True
+        )
         return got, ops
 
     def current_lease(self, queue: str, mid: str, token: str, now: float) -> StoredMessage | None:
@@ -1301,7 +1631,8 @@ class NodeState:
         ):
             op = DeadLetter(queue, mid, m.seq, dead_letter_queue, now, self.next_seq)
         else:
-            op = Requeue(queue, mid, m.seq, now + delay_s, self.next_seq)
+            new_seq = m.seq if m.group is not None else self.next_seq
+            op = Requeue(queue, mid, m.seq, now + delay_s, new_seq)
         self.apply(op)
         if type(op) is Requeue:
             self.wake(now)
@@ -1430,7 +1761,7 @@ class NodeState:
         ops: list[Remove] = []
         if lq is None or now < lq.retention_due:
             return ops
-        if lq.placed:
+        if lq.placed or lq.gseq:
             return self._expired_by_retention_placed(lq, queue, now, retention_s, limit)
         oldest, ready = now - retention_s, lq.ready
         n = 0
@@ -1451,8 +1782,9 @@ class NodeState:
     def _expired_by_retention_placed(
         self, lq: LocalQueue, queue: str, now: float, retention_s: float, limit: int
     ) -> list[Remove]:
-        """`expired_by_retention` of a queue with priorities or deadlines: the heads of
-        its ReadyQueues, and every message with a deadline (a heap is not in time order)."""
+        """`expired_by_retention` of a queue with priorities, deadlines or FIFO groups:
+        the heads of its ReadyQueues and of its groups, and every message with a
+        deadline (a heap is not in time order)."""
         oldest = now - retention_s
         seqs: list[int] = []
         due = now + retention_s
@@ -1463,6 +1795,14 @@ class NodeState:
                 i += 1
             if i < len(rq):
                 due = min(due, rq.at(i)[1] + retention_s)
+        gseq = lq.gseq
+        for group in sorted(lq.groups):
+            for seq in lq.groups[group]:
+                enqueued_at = gseq[seq][1]
+                if enqueued_at >= oldest or len(seqs) >= limit:
+                    due = min(due, enqueued_at + retention_s)
+                    break
+                seqs.append(seq)
         for _, deadline, _, seq in lq.timed:
             placed = lq.placed.get(seq)
             if placed is None or placed[1] != deadline:
@@ -1547,6 +1887,7 @@ class NodeState:
             seqs = (
                 *lq.ready,
                 *lq.placed,
+                *lq.gseq,
                 *(hot[mid].seq for mid in (*lq.leased, *lq.delayed)),
             )
         op = Purge(queue, seqs)
@@ -1655,6 +1996,9 @@ _APPLIERS: dict[type, Callable[[NodeState, Any], None]] = {
     DeadLetter: NodeState._apply_dead_letter,
     Purge: NodeState._apply_purge,
     ForgetDedup: NodeState._apply_forget_dedup,
+    Tied: NodeState._apply_tied,
+    Claimed: NodeState._apply_claimed,
+    Untied: NodeState._apply_untied,
     Register: NodeState._apply_register,
     Unregister: NodeState._apply_unregister,
     CreateQueue: NodeState._apply_create,

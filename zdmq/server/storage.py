@@ -44,8 +44,10 @@ from zdmq.errors import StorageFailed
 from zdmq.models import QueueSettings
 from zdmq.server.state import (
     CANCELS_KEPT,
+    TIES_KEPT,
     TOMBSTONES_KEPT,
     Cancel,
+    Claimed,
     CreateQueue,
     CreateTopic,
     DeadLetter,
@@ -63,8 +65,10 @@ from zdmq.server.state import (
     Requeue,
     Row,
     Subscribe,
+    Tied,
     Unregister,
     Unsubscribe,
+    Untied,
 )
 
 __all__ = ["MemoryStorage", "SqliteStorage", "Storage", "open_storage"]
@@ -88,7 +92,9 @@ CREATE TABLE IF NOT EXISTS messages (
     body_ref INTEGER,  -- bodies.id of a body kept out of line (body is then empty), or NULL
     priority INTEGER NOT NULL DEFAULT 0,
     deadline REAL NOT NULL DEFAULT 0,  -- 0: none
-    attributes TEXT  -- a JSON object, or NULL
+    attributes TEXT,  -- a JSON object, or NULL
+    grp TEXT,  -- the FIFO group of a FIFO queue's message, or NULL
+    tie TEXT  -- the token of the tie of a tied copy, or NULL
 );
 -- Bodies above BODY_INLINE_MAX, written with their message's row and deleted with it.
 -- id is the seq the message was pushed with; it never changes while the message lives.
@@ -141,6 +147,16 @@ CREATE TABLE IF NOT EXISTS cancelled (
     n INTEGER PRIMARY KEY,
     id TEXT NOT NULL,
     queue TEXT NOT NULL
+);
+-- Ties whose token this group owns, in the order they were made (n): their copies as a
+-- JSON list of [queue, id], the copy that won its claim, whether it was cancelled.
+CREATE TABLE IF NOT EXISTS ties (
+    n INTEGER PRIMARY KEY,
+    token TEXT NOT NULL UNIQUE,
+    copies TEXT NOT NULL,
+    winner TEXT,
+    cancelled INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS registrations (
     queue TEXT NOT NULL,
@@ -354,7 +370,7 @@ class SqliteStorage(Storage):
         refs = self._bodies.refs
         for row in conn.execute(
             "SELECT seq, queue, id, enqueued_at, receive_count, lease, lease_until, "
-            "visible_at, origin, body_ref, priority, deadline FROM messages ORDER BY seq"
+            "visible_at, origin, body_ref, priority, deadline, grp FROM messages ORDER BY seq"
         ):
             seq, queue, mid, enqueued_at, count, lease, until, visible, origin, ref = row[:10]
             if ref is not None:
@@ -372,12 +388,18 @@ class SqliteStorage(Storage):
                 now=now,
                 priority=row[10],
                 deadline=row[11],
+                group=row[12],
             )
         state.finish_restore()
         for queue, n in conn.execute("SELECT queue, n FROM expired"):
             state.expired[queue] = n
         for mid, queue in conn.execute("SELECT id, queue FROM cancelled ORDER BY n"):
             state.restore_cancel(mid, queue)
+        for token, copies, winner, cancelled, created_at in conn.execute(
+            "SELECT token, copies, winner, cancelled, created_at FROM ties ORDER BY n"
+        ):
+            pairs = tuple((q, mid) for q, mid in orjson.loads(copies))
+            state.restore_tie(token, pairs, created_at, winner, bool(cancelled))
         for mid, queue, until in conn.execute("SELECT id, queue, until FROM dedup ORDER BY until"):
             state.restore_dedup(mid, queue, until)
         _drop_orphan_bodies(conn, len(refs))
@@ -515,9 +537,10 @@ class SqliteStorage(Storage):
             if cost <= room - used:
                 o = op[7]  # Push's options
                 if o is None:
-                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, None, 0))
+                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, None, 0, None, None))
                 else:
-                    recent[op.seq] = make((op.id, op.body, op.content_type, 0, o[3], o[0]))
+                    row = (op.id, op.body, op.content_type, 0, o[3], o[0], o[4], o[5])
+                    recent[op.seq] = make(row)
                 used += cost
         self._recent_bytes += used
 
@@ -650,7 +673,7 @@ class SqliteStorage(Storage):
         for i in range(0, len(seqs), _READ_CHUNK):
             chunk = seqs[i : i + _READ_CHUNK]
             for r in conn.execute(_select_rows(len(chunk), joined), chunk):
-                out[r[6]] = make(r[:6])
+                out[r[8]] = make(r[:8])
         return out
 
     async def close(self) -> None:
@@ -676,7 +699,8 @@ def _select_rows(n: int, joined: bool = False) -> str:
         else "body"
     )
     columns = (
-        f"SELECT id, {body}, content_type, receive_count, attributes, priority, seq FROM messages"
+        f"SELECT id, {body}, content_type, receive_count, attributes, priority, grp, tie, seq "
+        "FROM messages"
     )
     if n == 1:
         return f"{columns} WHERE seq = ?"
@@ -745,6 +769,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
         ("priority", "INTEGER NOT NULL DEFAULT 0"),
         ("deadline", "REAL NOT NULL DEFAULT 0"),
         ("attributes", "TEXT"),
+        ("grp", "TEXT"),
+        ("tie", "TEXT"),
     ):
         if column not in have:
             conn.execute(f"ALTER TABLE messages ADD COLUMN {column} {decl}")
@@ -814,7 +840,8 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
         inline = [op for op in inline if op[7] is None]
         conn.executemany(
             "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, "
-            "priority, deadline, visible_at, attributes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "priority, deadline, visible_at, attributes, grp, tie) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(*op[:6], *op[7]) for op in options],
         )
     if large:
@@ -824,8 +851,8 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
         )
         conn.executemany(
             "INSERT INTO messages (queue, id, seq, body, content_type, enqueued_at, body_ref, "
-            "priority, deadline, visible_at, attributes) "
-            "VALUES (?, ?, ?, x'', ?, ?, ?, ?, ?, ?, ?)",
+            "priority, deadline, visible_at, attributes, grp, tie) "
+            "VALUES (?, ?, ?, x'', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (
                     op.queue,
@@ -834,7 +861,7 @@ def _w_push(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) ->
                     op.content_type,
                     op.enqueued_at,
                     op.seq,
-                    *(op.options or (0, 0.0, 0.0, None)),
+                    *(op.options or (0, 0.0, 0.0, None, None, None)),
                 )
                 for op in large
             ],
@@ -878,7 +905,7 @@ def _w_requeue(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine)
 def _w_dead_letter(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
     conn.executemany(
         "UPDATE messages SET queue = ?, origin = ?, receive_count = 0, lease = NULL, "
-        "lease_until = 0, visible_at = 0, enqueued_at = ?, seq = ? WHERE seq = ?",
+        "lease_until = 0, visible_at = 0, enqueued_at = ?, seq = ?, grp = NULL WHERE seq = ?",
         [(op.dlq, op.queue, op.moved_at, op.new_seq, op.seq) for op in ops],
     )
     if bodies.refs:
@@ -1005,7 +1032,32 @@ def _w_unsubscribe(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfL
 # Ops after which a cached row (SqliteStorage._recent) is stale or gone.
 _CHANGES_ROWS = frozenset({Lease, Remove, Cancel, Requeue, DeadLetter, Purge})
 
+
+def _w_tied(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany(
+        "INSERT INTO ties (token, copies, created_at) VALUES (?, ?, ?)",
+        [(op.token, orjson.dumps(op.copies).decode(), op.created_at) for op in ops],
+    )
+    conn.execute(
+        "DELETE FROM ties WHERE n IN (SELECT n FROM ties ORDER BY n DESC LIMIT -1 OFFSET ?)",
+        (TIES_KEPT,),
+    )
+
+
+def _w_claimed(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany(
+        "UPDATE ties SET winner = ? WHERE token = ?", [(op.id, op.token) for op in ops]
+    )
+
+
+def _w_untied(conn: sqlite3.Connection, ops: Sequence[Any], bodies: _OutOfLine) -> None:
+    conn.executemany("UPDATE ties SET cancelled = 1 WHERE token = ?", [(op.token,) for op in ops])
+
+
 _WRITERS: dict[type, _Writer] = {
+    Tied: _w_tied,
+    Claimed: _w_claimed,
+    Untied: _w_untied,
     Push: _w_push,
     Remove: _w_remove,
     Cancel: _w_cancel,
