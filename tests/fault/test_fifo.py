@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,17 +26,6 @@ from tests.helpers import unique
 from zdmq.local import LocalCluster
 
 VISIBILITY_S = 3.0
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster.ephemeral(
-        tmp_path / "c", nodes=4, replication=3, durability="fsync", request_timeout_s=1.0
-    )
-    try:
-        yield c.start()
-    finally:
-        c.close()
 
 
 async def fifo_through_a_kill(

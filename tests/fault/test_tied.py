@@ -12,26 +12,11 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.fault.test_replicated import settled
 from tests.helpers import unique
 from zdmq import Client, ZdmqError
 from zdmq.local import LocalCluster
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster.ephemeral(
-        tmp_path / "c", nodes=4, replication=3, durability="fsync", request_timeout_s=1.0
-    )
-    try:
-        yield c.start()
-    finally:
-        c.close()
 
 
 async def test_one_copy_of_each_tie_is_delivered_through_a_kill(
