@@ -268,7 +268,7 @@ def test_a_log_reset_under_a_state_written_ahead_of_the_commit_index_is_caught(
     # A node whose state machine is ahead of the commit index its log records always
     # takes it for a snapshot whose install was cut short, and drops its log after the
     # state's index: entries it had acknowledged, which a leader counted in a commit, go.
-    monkeypatch.setattr(sim, "_holds", lambda *_: False)
+    monkeypatch.setattr(sim, "holds_entry", lambda *_: False)
     with pytest.raises(SimFailure, match="over the committed"):
         sim.run(98, SimConfig(nodes=3))
     monkeypatch.undo()

@@ -94,7 +94,13 @@ from zdmq.raft.core import (
 )
 from zdmq.raft.identity import LiftReport, PeerBook, report_current
 from zdmq.raft.sim_queue import QueueClients, QueueCounts, replay
-from zdmq.raft.storage import Entry, MemoryStorage, SnapshotMeta, WritableStorage
+from zdmq.raft.storage import (
+    Entry,
+    MemoryStorage,
+    SnapshotMeta,
+    WritableStorage,
+    holds_entry,
+)
 from zdmq.server.machine import apply_command, decode_command
 from zdmq.server.state import NodeState
 
@@ -466,7 +472,7 @@ class _Sim:
             n.state = (0, 0, ())
         n.fetch = None
         index, term, data = n.state
-        if index > n.disk.hard_state().commit and not _holds(n.disk, index, term):
+        if index > n.disk.hard_state().commit and not holds_entry(n.disk, index, term):
             # An install crashed after the state, before the log: the log starts after it.
             # (A state ahead of the recorded commit at an entry the log holds was written
             # as it applied, before the commit index: the log stays.)
@@ -816,12 +822,6 @@ class _Sim:
             f"seed {self.seed}, step {self.now}: {what}\n  replay: "
             f"{replay_command(self.seed, self.asked)} --trace"
         )
-
-
-def _holds(disk: WritableStorage, index: int, term: int) -> bool:
-    """Whether `disk`'s log holds the entry at `index`, of `term` (or its compacted prefix
-    ends there)."""
-    return disk.snapshot().index <= index <= disk.last_index() and disk.term_at(index) == term
 
 
 def replay_command(seed: int, cfg: SimConfig) -> str:

@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 if TYPE_CHECKING:
     from zdmq.raft.core import Ready
 
-__all__ = ["Entry", "HardState", "MemoryStorage", "SnapshotMeta", "Storage", "WritableStorage"]
+__all__ = [
+    "Entry",
+    "HardState",
+    "MemoryStorage",
+    "SnapshotMeta",
+    "Storage",
+    "WritableStorage",
+    "holds_entry",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,3 +166,9 @@ class MemoryStorage:
         self.append(rd.entries)
         if rd.hard_state is not None:
             self.set_hard_state(rd.hard_state)
+
+
+def holds_entry(log: Storage, index: int, term: int) -> bool:
+    """Whether `log` holds the entry at `index`, of `term` (or its compacted prefix ends
+    there)."""
+    return log.snapshot().index <= index <= log.last_index() and log.term_at(index) == term

@@ -56,8 +56,8 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
-from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
-from zdmq.raft.storage import Entry, SnapshotMeta
+from zdmq.raft.sqlite_storage import RaftLogStore
+from zdmq.raft.storage import Entry, SnapshotMeta, holds_entry
 from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
 from zdmq.server.machine import Command, apply_command, decode_command, encode_command
 from zdmq.server.storage import open_storage
@@ -201,7 +201,7 @@ class Member:
         for g, node in self.nodes.items():
             glog = self.store.group(g)
             applied = node.storage.applied
-            if applied > glog.hard_state().commit and not _holds(
+            if applied > glog.hard_state().commit and not holds_entry(
                 glog, applied, node.storage.applied_term
             ):
                 log.warning(
@@ -446,12 +446,6 @@ class Member:
             return _http.call(self.pool, method, self.urls[target] + path, headers=headers, **kw)
 
         return await self.router.call(group, send, once=once)
-
-
-def _holds(glog: GroupLog, index: int, term: int) -> bool:
-    """Whether `glog` holds the entry at `index`, of `term` (or its compacted prefix ends
-    there)."""
-    return glog.snapshot().index <= index <= glog.last_index() and glog.term_at(index) == term
 
 
 def _check_snapshot(path: Path) -> tuple[int, int]:
