@@ -96,7 +96,7 @@ def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     tmp = directory / (MANIFEST + ".part")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, directory / MANIFEST)
-    _sync_dir(directory)
+    sync_dir(directory)
 
 
 async def _group(get: Get, group: str, directory: Path) -> GroupBackup:
@@ -132,7 +132,9 @@ async def _fetch(get: Get, group: str, directory: Path) -> GroupBackup:
                     break
                 params = {"copy": copy, "offset": f.tell()}
             await asyncio.to_thread(os.fsync, f.fileno())
-        held = await asyncio.to_thread(_check, part)
+        held, _ = await asyncio.to_thread(
+            check_state_copy, part, "the copy fetched", "a node's state"
+        )
         if held != index:
             raise NodeUnavailable(f"group {group}'s copy holds index {held}, not {index}")
         os.replace(part, directory / name)
@@ -142,22 +144,24 @@ async def _fetch(get: Get, group: str, directory: Path) -> GroupBackup:
     return GroupBackup(group, index, term, size, digest.hexdigest(), name)
 
 
-def _check(path: Path) -> int:
-    """The log index a copy holds; raises unless SQLite finds it sound."""
+def check_state_copy(path: Path, what: str, kind: str) -> tuple[int, int]:
+    """The (applied index, its term) a copy of a state file holds; NodeUnavailable, naming
+    the copy as `what` and what it should be as `kind`, unless SQLite finds it sound."""
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         (ok,) = conn.execute("PRAGMA quick_check").fetchone()
         if ok != "ok":
-            raise NodeUnavailable(f"the copy fetched is damaged: {ok}")
+            raise NodeUnavailable(f"{what} is damaged: {ok}")
         machine = dict(conn.execute("SELECT key, value FROM machine"))
     except sqlite3.DatabaseError as e:
-        raise NodeUnavailable(f"the copy fetched is not a node's state: {e}") from None
+        raise NodeUnavailable(f"{what} is not {kind}: {e}") from None
     finally:
         conn.close()
-    return int(machine.get("applied", 0))
+    return int(machine.get("applied", 0)), int(machine.get("applied_term", 0))
 
 
-def _sync_dir(path: Path) -> None:
+def sync_dir(path: Path) -> None:
+    """fsync a directory: a rename or a new file in it is durable once this returns."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -215,10 +219,10 @@ def restore_node(backup_dir: Path, config: ClusterConfig, node_id: str) -> list[
         if digest.hexdigest() != entry["sha256"] or part.stat().st_size != entry["bytes"]:
             part.unlink()
             raise ConfigError(f"{src} is not the copy the backup recorded (size or SHA-256)")
-        if _check(part) != entry["index"]:
+        if check_state_copy(part, "the copy fetched", "a node's state")[0] != entry["index"]:
             part.unlink()
             raise ConfigError(f"{src} does not hold index {entry['index']}")
         os.replace(part, target / name)
         written.append(target / name)
-    _sync_dir(target)
+    sync_dir(target)
     return written

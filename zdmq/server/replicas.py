@@ -45,13 +45,13 @@ import logging
 import os
 import random
 import re
-import sqlite3
 import time
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
+from zdmq.backup import check_state_copy, sync_dir
 from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
 from zdmq.raft.core import NotLeader as RaftNotLeader
@@ -312,7 +312,9 @@ class Member:
                     if f.tell() >= size:
                         break
                 await asyncio.to_thread(os.fsync, f.fileno())
-            held = await asyncio.to_thread(_check_snapshot, path)
+            held = await asyncio.to_thread(
+                check_state_copy, path, "the snapshot pulled", "a group state"
+            )
             if held != (index, term):
                 raise NodeUnavailable(f"{src}'s snapshot holds {held}, not {(index, term)}")
         except BaseException:
@@ -327,7 +329,7 @@ class Member:
         for suffix in ("-wal", "-shm", "-journal"):
             target.with_name(target.name + suffix).unlink(missing_ok=True)
         os.replace(snap.path, target)
-        _sync_dir(self.data_dir)
+        sync_dir(self.data_dir)
         storage = open_storage(self.config.durability, self.data_dir, group=snap.group)
         storage.on_commit = node.storage.on_commit
         node.state = await asyncio.to_thread(storage.load)
@@ -446,27 +448,3 @@ class Member:
             return _http.call(self.pool, method, self.urls[target] + path, headers=headers, **kw)
 
         return await self.router.call(group, send, once=once)
-
-
-def _check_snapshot(path: Path) -> tuple[int, int]:
-    """The (applied index, its term) a snapshot file holds; raises unless SQLite finds
-    it sound (quick_check)."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        (ok,) = conn.execute("PRAGMA quick_check").fetchone()
-        if ok != "ok":
-            raise NodeUnavailable(f"the snapshot pulled is damaged: {ok}")
-        machine = dict(conn.execute("SELECT key, value FROM machine"))
-    except sqlite3.DatabaseError as e:
-        raise NodeUnavailable(f"the snapshot pulled is not a group state: {e}") from None
-    finally:
-        conn.close()
-    return int(machine.get("applied", 0)), int(machine.get("applied_term", 0))
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
