@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -30,9 +31,11 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from rich import box
+from rich.bar import Bar
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from zdmq import _http
 from zdmq.auth import TOKEN_ENV
@@ -99,15 +102,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         add("--max-message-bytes", type=int, help="the queue's body size limit"),
     )
-    for action in ("delete", "stats"):
-        qsub.add_parser(action, parents=[common]).add_argument("queue")
-    qsub.add_parser("list", parents=[common])
+    qsub.add_parser("delete", parents=[common]).add_argument("queue")
+    q = qsub.add_parser("stats", parents=[common], help="the queue's counts, node by node")
+    q.add_argument("queue")
+    q.add_argument("--json", action="store_true", help="print the stats as JSON")
+    q = qsub.add_parser("list", parents=[common])
+    q.add_argument("--json", action="store_true", help="print a JSON list")
 
     p = sub.add_parser("topic", help="topics: create, delete, list, subscribe, publish")
     tsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    for action in ("create", "delete", "show"):
+    for action in ("create", "delete"):
         tsub.add_parser(action, parents=[common]).add_argument("topic")
-    tsub.add_parser("list", parents=[common])
+    t = tsub.add_parser("show", parents=[common], help="the subscribed queues and their counts")
+    t.add_argument("topic")
+    t.add_argument("--json", action="store_true", help="print the subscriptions as JSON")
+    t = tsub.add_parser("list", parents=[common])
+    t.add_argument("--json", action="store_true", help="print a JSON list")
     for action in ("subscribe", "unsubscribe"):
         t = tsub.add_parser(action, parents=[common])
         t.add_argument("topic")
@@ -308,16 +318,36 @@ async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
             await c.delete_queue(args.queue)
             print(f"deleted {args.queue}")
         elif args.action == "list":
-            for q in await c.list_queues():
-                print(q)
+            queues = await c.list_queues()
+            print(json.dumps(queues) if args.json else "\n".join(queues))
         else:
             s = await c.stats(args.queue)
-            depth = " ".join(f"{n}={d}" for n, d in sorted(s.depth.items()))
-            print(
-                f"{s.queue}: {s.messages} messages ({depth or 'empty'}); "
-                f"{s.in_flight} in flight, {s.delayed} delayed, {s.dead_lettered} dead-lettered"
+            if args.json:
+                print(json.dumps(dataclasses.asdict(s)))
+                return 0
+            console = _console()
+            console.print(
+                f"{s.queue}: {s.messages} messages; {s.in_flight} in flight, {s.delayed} delayed, "
+                f"{s.dead_lettered} dead-lettered, {s.expired} expired",
+                highlight=False,
             )
+            if s.messages:
+                console.print(_depth_table(s.depth, c.nodes, s.messages))
     return 0
+
+
+def _depth_table(depth: dict[str, int], nodes: Sequence[str], total: int) -> Table:
+    """Where a queue's messages are: a row per node, with its count, a bar and its share."""
+    table = Table(box=box.SIMPLE, show_header=True, pad_edge=True)
+    table.add_column("node")
+    table.add_column("messages", justify="right")
+    table.add_column("share", min_width=40)
+    table.add_column("%", justify="right")
+    for node_id in nodes:
+        d = depth.get(node_id, 0)
+        bar = Bar(size=max(total, 1), begin=0, end=d, width=40)
+        table.add_row(node_id, f"{d:,}", bar, f"{100 * d / max(total, 1):.1f}")
+    return table
 
 
 async def _topic(config: ClusterConfig, args: argparse.Namespace) -> int:
@@ -329,11 +359,34 @@ async def _topic(config: ClusterConfig, args: argparse.Namespace) -> int:
             await c.delete_topic(args.topic)
             print(f"deleted topic {args.topic} (its queues stay)")
         elif args.action == "list":
-            for t in await c.list_topics():
-                print(t)
+            topics = await c.list_topics()
+            print(json.dumps(topics) if args.json else "\n".join(topics))
         elif args.action == "show":
             subs = await c.subscriptions(args.topic)
-            print(f"{args.topic}: {len(subs)} subscription(s)" + "".join(f"\n  {q}" for q in subs))
+            stats = await asyncio.gather(*(c.stats(q) for q in subs), return_exceptions=True)
+            if args.json:
+                out = {
+                    q: dataclasses.asdict(st) if not isinstance(st, BaseException) else None
+                    for q, st in zip(subs, stats, strict=True)
+                }
+                print(json.dumps({"topic": args.topic, "subscriptions": out}))
+                return 0
+            table = Table(
+                title=f"{args.topic}: {len(subs)} subscription(s)",
+                title_justify="left",
+                box=box.SIMPLE,
+            )
+            for col in ("queue", "messages", "in flight", "delayed", "dead-lettered"):
+                table.add_column(col, justify="left" if col == "queue" else "right")
+            for q, st in zip(subs, stats, strict=True):
+                if isinstance(st, ZdmqError):
+                    table.add_row(q, Text(st.code, style="red"), "", "", "")
+                elif isinstance(st, BaseException):
+                    raise st
+                else:
+                    counts = (st.messages, st.in_flight, st.delayed, st.dead_lettered)
+                    table.add_row(q, *(f"{n:,}" for n in counts))
+            _console().print(table)
         elif args.action == "subscribe":
             new = await c.subscribe(args.topic, args.queue)
             did = "subscribed to" if new else "was already subscribed to"
@@ -574,15 +627,7 @@ async def _demo_run(config: ClusterConfig, n: int, concurrency: int) -> int:
 
         stats = await c.stats(queue)
         print(f"demo: {stats.messages} messages stored; where they live:", flush=True)
-        table = Table(box=box.SIMPLE, show_header=True, pad_edge=True)
-        table.add_column("node")
-        table.add_column("messages", justify="right")
-        table.add_column("share", min_width=40)
-        table.add_column("%", justify="right")
-        for node_id in c.nodes:
-            d = stats.depth.get(node_id, 0)
-            table.add_row(node_id, str(d), "█" * round(40 * d / max(n, 1)), f"{100 * d / n:.1f}")
-        _console().print(table)
+        _console().print(_depth_table(stats.depth, c.nodes, n))
 
         bar = _Progress("pop", n)
         seen: Counter[str] = Counter()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -87,7 +88,15 @@ def test_queue_push_pop_and_status_commands_round_trip(cluster4: LocalCluster) -
     assert from_stdin.returncode == 0, from_stdin.stderr
     stats = zdmq("queue", "stats", q, "--config", cfg)
     assert stats.returncode == 0 and f"{q}: 2 messages" in stats.stdout
+    # A row per node: its count, a bar, its share.
+    rows = [line.split() for line in stats.stdout.splitlines()]
+    rows = [row for row in rows if row and row[0] in cluster4.config.node_ids]
+    assert sorted(row[0] for row in rows) == sorted(cluster4.config.node_ids)
+    assert sum(int(row[1]) for row in rows) == 2
+    as_json = json.loads(zdmq("queue", "stats", q, "--json", "--config", cfg).stdout)
+    assert as_json["messages"] == 2 and sum(as_json["depth"].values()) == 2
     assert q in zdmq("queue", "list", "--config", cfg).stdout.split()
+    assert q in json.loads(zdmq("queue", "list", "--json", "--config", cfg).stdout)
     popped = zdmq("pop", q, "-n", "3", "--json", "--config", cfg)
     assert popped.returncode == 0, popped.stderr
     bodies = sorted(line for line in popped.stdout.splitlines())
@@ -189,12 +198,19 @@ def test_topic_commands_subscribe_publish_show_and_unsubscribe(cluster4: LocalCl
     ok("create", t)
     assert zdmq("topic", "create", t, "--config", cfg).returncode == 1  # topic_exists
     assert t in ok("list").split()
+    assert json.loads(ok("list", "--json")).count(t) == 1
     ok("subscribe", t, a)
     ok("subscribe", t, b)
-    assert ok("show", t).split()[-2:] == [a, b]
     published = ok("publish", t, "hello", "--dedup-id", "k1")
     assert {line.split()[0] for line in published.splitlines()} == {a, b}
     assert "(duplicate)" in ok("publish", t, "hello", "--dedup-id", "k1")
+    # A table row per subscription, with its counts: one message each.
+    shown = ok("show", t)
+    assert f"{t}: 2 subscription(s)" in shown
+    rows = {line.split()[0]: line.split()[1:] for line in shown.splitlines() if line.strip()}
+    assert rows[a] == rows[b] == ["1", "0", "0", "0"], shown
+    subs = json.loads(ok("show", t, "--json"))["subscriptions"]
+    assert sorted(subs) == sorted([a, b]) and subs[a]["messages"] == 1
     assert "1 pending message(s) purged" in ok("unsubscribe", t, b)
     assert zdmq("pop", a, "--config", cfg).stdout.strip() == "hello"
     ok("delete", t)
