@@ -1,18 +1,24 @@
 """The Python half of `loadtest/run_locust.sh`: the cluster, the CPU accounts, the summary.
 
     locust_report.py cluster --dir D --nodes 4 --durability fsync --state D/cluster.json
+            [--restart S]
         Starts a `LocalCluster.ephemeral` in D (ports the kernel picks, no race), writes
         the state file (config path, node pids) once every node printed READY, prints
         `READY <config>`, and runs until SIGTERM or until its parent (the script) dies;
-        then it stops the nodes. It runs in a session of its own, so a Ctrl-C in the
-        terminal reaches Locust (which then writes its reports) but not the nodes.
-    locust_report.py run --state D/cluster.json --cpu OUT/cpu.json -- locust ARGS...
+        then it stops the nodes. A node that exits stops the rest, or with --restart is
+        started again S seconds later (its new pid in the state file). It runs in a
+        session of its own, so a Ctrl-C in the terminal reaches Locust (which then writes
+        its reports) but not the nodes.
+    locust_report.py run --state D/cluster.json --cpu OUT/cpu.json
+            [--metrics OUT/metrics.json [--kill-leader S]] -- locust ARGS...
         Reads the nodes' CPU time from /proc/<pid>/stat, runs Locust as its child, reads
         the nodes' CPU again after Locust exits, and takes Locust's CPU time (the master
         and the worker processes it reaped) from wait4's resource usage; samples both
         every 0.25 s (cpu_samples.json) so the summary can cut out the window in which
         requests ran; reads the nodes' message counters (/v1/health) before and after.
-        Writes cpu.json.
+        Writes cpu.json. With --metrics, checks the nodes' /metrics as Locust runs and
+        after (loadtest/metrics_watch.py), kills a leader S s in with --kill-leader, and
+        exits 3 when Locust passed and those checks did not.
     locust_report.py summary --csv OUT/locust [--cpu OUT/cpu.json] [--json OUT/summary.json]
         Reads OUT/locust.json (Locust's --json-file: final, where the CSV may miss the last
         second) and OUT/locust_failures.csv; prints requests/s, failures, p50/p99 per
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 TICKS_S = os.sysconf("SC_CLK_TCK")
+METRICS_FAILED = 3  # `run`'s status when Locust passed and the metrics checks did not
 
 
 # ---- CPU time from /proc ----------------------------------------------------------------
@@ -123,12 +130,26 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(state, indent=2))
         tmp.rename(args.state)
         print(f"READY {cluster.config_path}", flush=True)
+        died: dict[str, float] = {}  # node -> when it was first seen gone (--restart)
         while not stop.wait(0.5):
             if os.getppid() != parent:
                 print("cluster: the script is gone; stopping the nodes", file=sys.stderr)
                 break
             dead = [n.node_id for n in cluster.nodes.values() if not n.running]
-            if dead:
+            if dead and args.restart is not None:
+                # As systemd's Restart=always with RestartSec: start it again a while
+                # later, and say its new pid.
+                now = time.monotonic()
+                for node in dead:
+                    since = died.setdefault(node, now)
+                    if now - since >= args.restart:
+                        print(f"cluster: node {node} exited; starting it again", file=sys.stderr)
+                        cluster.start_node(node)
+                        del died[node]
+                state["nodes"] = {n.node_id: n.pid for n in cluster.nodes.values()}
+                tmp.write_text(json.dumps(state, indent=2))
+                tmp.rename(args.state)
+            elif dead:
                 print(f"cluster: node(s) {dead} exited; stopping the rest", file=sys.stderr)
                 status = 1
                 break
@@ -167,8 +188,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit("run: give the locust command after --")
     counted_before = message_counters(state["urls"])
     before = {n: cpu_user_sys_s(pid) for n, pid in nodes.items()}
+    watch = None
+    if args.metrics:
+        from metrics_watch import MetricsWatch, state_file
+
+        urls, pids = state_file(Path(args.state))
+        watch = MetricsWatch(urls, pids, args.metrics_interval, args.kill_leader)
     t0 = time.monotonic()
     proc = subprocess.Popen(argv)
+    if watch is not None:
+        watch.start()
     # Ctrl-C belongs to Locust: it stops the users and writes its reports; wait for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A CPU timeline of every node and Locust process, so that the summary can cut out
@@ -193,6 +222,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         time.sleep(args.sample_s)
     proc.returncode = os.waitstatus_to_exitcode(wstatus)
     wall_s = time.monotonic() - t0
+    if watch is not None:
+        from metrics_watch import print_report
+
+        metrics = watch.finish()
+        Path(args.metrics).write_text(json.dumps(metrics, indent=2) + "\n")
+        print_report(metrics)
     after = {n: cpu_user_sys_s(pid) for n, pid in nodes.items()}
     counted_after = message_counters(state["urls"])
     save_metrics(state["urls"], Path(args.cpu).parent)
@@ -236,6 +271,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     }
     Path(args.cpu).write_text(json.dumps(report, indent=2) + "\n")
     samples_path(args.cpu).write_text(json.dumps(samples) + "\n")
+    if watch is not None and not metrics["passed"] and proc.returncode == 0:
+        return METRICS_FAILED
     return proc.returncode
 
 
@@ -416,10 +453,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replication", type=int, default=1)
     p.add_argument("--durability", choices=("fsync", "os", "memory"), default="fsync")
     p.add_argument("--state", required=True, help="where to write the config path and pids")
+    p.add_argument(
+        "--restart", type=float, metavar="S", help="start a node that exits again, S s later"
+    )
     p = sub.add_parser("run", help="run locust, account the CPU of it and of the nodes")
     p.add_argument("--state", required=True)
     p.add_argument("--cpu", required=True, help="cpu.json to write")
     p.add_argument("--sample-s", type=float, default=0.25, help="CPU sampling interval")
+    p.add_argument("--metrics", help="check the nodes' /metrics as Locust runs; write here")
+    p.add_argument("--metrics-interval", type=float, default=1.0, help="seconds between reads")
+    p.add_argument(
+        "--kill-leader",
+        type=float,
+        metavar="S",
+        help="S seconds in, SIGKILL the node leading the most replica groups (--metrics)",
+    )
     p.add_argument("locust", nargs=argparse.REMAINDER)
     p = sub.add_parser("summary", help="print the summary of a run")
     p.add_argument("--csv", required=True, help="the --csv/--json-file prefix given to locust")

@@ -2,10 +2,19 @@
 # Locust against a local zdmq cluster, with the CPU of both sides beside the rates.
 #
 #   loadtest/run_locust.sh [--nodes 4] [--replication 1] [--durability fsync|os] [-u 50] [-r 50] [-t 20s]
-#                          [--processes 2] [--out DIR] [LOCUSTFILE OPTIONS...]
+#                          [--processes 2] [--out DIR] [--no-metrics] [--kill-leader S]
+#                          [LOCUSTFILE OPTIONS...]
 #
 #   --processes P: Locust's worker processes (P > 1), or 1 for a single process.
+#   --no-metrics: do not check the nodes' /metrics (by default every node's is read and
+#     parsed once a second as Locust runs; its counters must move, and after the run its
+#     depth and in-flight gauges must equal every queue's stats: metrics.json).
+#   --kill-leader S: S seconds in, kill -9 the node that leads the most replica groups
+#     (--replication 2 or more); it is started again 3 s later, as systemd would with
+#     RestartSec=3, and its groups' other members must show a leader change and an
+#     election within the election timeout, plus one read of the metrics.
 #   e.g. loadtest/run_locust.sh -t 15s --mix push=1,pop=1,recv_ack=1 --routing zerohop
+#        loadtest/run_locust.sh --replication 3 -t 20s --kill-leader 8 --routing zerohop
 #
 # Starts a fresh cluster of N nodes on loopback ports the kernel picks (its own temporary
 # directory), waits for every node's READY line, runs Locust headless against it
@@ -15,8 +24,9 @@
 #   locust_stats.csv, locust_failures.csv, ... (Locust's CSV), locust.json (its final
 #   stats, which the summary reads), report.html,
 #   cpu.json (CPU seconds of the nodes and of Locust; cpu_samples.json its timeline),
-#   summary.json, cluster.json (the nodes' pids and urls), node-logs/.
-# Exits with Locust's status (1 when any request failed), 130 after a Ctrl-C. After a
+#   summary.json, cluster.json (the nodes' pids and urls), metrics.json, node-logs/.
+# Exits with Locust's status (1 when any request failed), 3 when Locust passed and the
+# metrics checks did not, 130 after a Ctrl-C. After a
 # Ctrl-C with --processes, Locust's statistics may miss the workers' last reports; the
 # messages the nodes counted (in the summary and cpu.json) do not.
 set -euo pipefail
@@ -34,6 +44,8 @@ rate=50
 run_time=20s
 processes=2
 out=""
+metrics=1
+kill_leader=""
 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -45,11 +57,17 @@ while [[ $# -gt 0 ]]; do
     -t|--run-time) run_time="$2"; shift 2 ;;
     --processes) processes="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --no-metrics) metrics=0; shift ;;
+    --kill-leader) kill_leader="$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
 case "$durability" in fsync|os|memory) ;; *) echo "--durability: fsync, os or memory" >&2; exit 2 ;; esac
+if [[ -n "$kill_leader" ]] && ((replication < 2 || metrics == 0)); then
+  echo "--kill-leader needs --replication 2 or more, and the metrics checks" >&2
+  exit 2
+fi
 if [[ ! -x "$locust_bin" ]]; then
   echo "locust is not installed: $root/.venv/bin/pip install -e '.[load]'" >&2
   exit 2
@@ -92,8 +110,14 @@ trap 'interrupted=1' INT
 trap 'exit 143' TERM
 
 cd "$root"
+restart=()
+if [[ -n "$kill_leader" ]]; then
+  # After the election timeout, so that the other members elect a leader meanwhile.
+  restart=(--restart 3)
+fi
 "$py" loadtest/locust_report.py cluster --dir "$work/cluster" --nodes "$nodes" \
-  --replication "$replication" --durability "$durability" --state "$state" >"$work/cluster.out" 2>"$work/cluster.err" &
+  --replication "$replication" --durability "$durability" --state "$state" "${restart[@]}" \
+  >"$work/cluster.out" 2>"$work/cluster.err" &
 cluster_pid=$!
 
 # Wait for the READY line (the helper prints it once every node printed its own).
@@ -132,10 +156,20 @@ locust_args+=("${extra[@]}")
 printf '%q ' "${locust_args[@]}" >"$out/command.txt"
 echo >>"$out/command.txt"
 
+watch=()
+if ((metrics)); then
+  watch=(--metrics "$out/metrics.json")
+  if [[ -n "$kill_leader" ]]; then
+    watch+=(--kill-leader "$kill_leader")
+  fi
+fi
 rc=0
-"$py" loadtest/locust_report.py run --state "$state" --cpu "$out/cpu.json" -- \
+"$py" loadtest/locust_report.py run --state "$state" --cpu "$out/cpu.json" "${watch[@]}" -- \
   "${locust_args[@]}" >"$out/locust.log" 2>&1 || rc=$?
 echo "locust exited with $rc (log: $out/locust.log)"
+if ((metrics)); then
+  sed -n '/^metrics: /,/^  metrics checks: /p' "$out/locust.log"
+fi
 if [[ -f "$out/locust.json" ]]; then
   "$py" loadtest/locust_report.py summary --csv "$out/locust" --cpu "$out/cpu.json" \
     --json "$out/summary.json"
