@@ -44,6 +44,7 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import ConfigError, NodeUnavailable, ZdmqError
 from zdmq.local import LocalCluster
 from zdmq.logs import LOG_FORMAT_HELP, LOG_FORMATS
+from zdmq.models import QueueStats
 
 __all__ = ["main"]
 
@@ -319,7 +320,8 @@ async def _queue(config: ClusterConfig, args: argparse.Namespace) -> int:
             print(f"deleted {args.queue}")
         elif args.action == "list":
             queues = await c.list_queues()
-            print(json.dumps(queues) if args.json else "\n".join(queues))
+            if args.json or queues:
+                print(json.dumps(queues) if args.json else "\n".join(queues))
         else:
             s = await c.stats(args.queue)
             if args.json:
@@ -360,14 +362,20 @@ async def _topic(config: ClusterConfig, args: argparse.Namespace) -> int:
             print(f"deleted topic {args.topic} (its queues stay)")
         elif args.action == "list":
             topics = await c.list_topics()
-            print(json.dumps(topics) if args.json else "\n".join(topics))
+            if args.json or topics:
+                print(json.dumps(topics) if args.json else "\n".join(topics))
         elif args.action == "show":
             subs = await c.subscriptions(args.topic)
             stats = await asyncio.gather(*(c.stats(q) for q in subs), return_exceptions=True)
+            for st in stats:
+                if isinstance(st, BaseException) and not isinstance(st, ZdmqError):
+                    raise st
             if args.json:
+                # A subscribed queue whose stats could not be read: its error's code.
                 out = {
-                    q: dataclasses.asdict(st) if not isinstance(st, BaseException) else None
+                    q: dataclasses.asdict(st) if isinstance(st, QueueStats) else {"error": st.code}
                     for q, st in zip(subs, stats, strict=True)
+                    if isinstance(st, QueueStats | ZdmqError)
                 }
                 print(json.dumps({"topic": args.topic, "subscriptions": out}))
                 return 0
@@ -379,10 +387,9 @@ async def _topic(config: ClusterConfig, args: argparse.Namespace) -> int:
             for col in ("queue", "messages", "in flight", "delayed", "dead-lettered"):
                 table.add_column(col, justify="left" if col == "queue" else "right")
             for q, st in zip(subs, stats, strict=True):
-                if isinstance(st, ZdmqError):
-                    table.add_row(q, Text(st.code, style="red"), "", "", "")
-                elif isinstance(st, BaseException):
-                    raise st
+                if isinstance(st, BaseException):
+                    code = st.code if isinstance(st, ZdmqError) else type(st).__name__
+                    table.add_row(q, Text(code, style="red"), "", "", "")
                 else:
                     counts = (st.messages, st.in_flight, st.delayed, st.dead_lettered)
                     table.add_row(q, *(f"{n:,}" for n in counts))
