@@ -253,8 +253,14 @@ async def kills_pauses_and_a_lost_disk(
     windows = window_acks(h, placement)
     assert sum(1 for win, _, _ in windows if win.fault == "kill") >= 2
     assert sum(1 for win, _, _ in windows if win.fault == "pause") >= 1
+    # A group whose UUID queue emptied registers again with the queue's metadata owner
+    # before it stores a push: while the owner's group elects a leader, those pushes wait.
+    owner = placement.owner(w.queue)
     for win, _, late in windows:
-        assert late > 0, f"no push acknowledged late in {win.fault} of {win.node}"
+        assert late > 0, (
+            f"no push acknowledged late in {win.fault} of {win.node} "
+            f"(the queue's metadata is in group {owner})"
+        )
 
     # A node loses its disk: the other three hold a copy of every acknowledged message.
     victim = random.Random(seed).choice(list(cluster.nodes))
@@ -295,9 +301,9 @@ async def kills_pauses_and_a_lost_disk(
 async def test_kills_and_pauses_lose_nothing_and_a_lost_disk_brings_nothing_back(
     cluster: LocalCluster, tmp_path: Path, seed: int
 ) -> None:
-    """Short: three rounds of 4 s (kill -9, kill -9, a 4 s SIGSTOP) on random nodes."""
+    """Short: three rounds of 5 s (kill -9, kill -9, a 5 s SIGSTOP) on random nodes."""
     await kills_pauses_and_a_lost_disk(
-        cluster, tmp_path, seed, duration_s=13.0, period_s=4.0, down_s=2.5, paused_s=4.0
+        cluster, tmp_path, seed, duration_s=16.0, period_s=5.0, down_s=3.0, paused_s=5.0
     )
 
 
