@@ -128,13 +128,18 @@ class MetricsWatch(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        while not self._halt.is_set():
-            tick = time.monotonic()
-            self._scrape_all()
-            due = self.kill_after_s is not None and self.kill is None
-            if due and tick - self.started >= (self.kill_after_s or 0.0):
-                self._kill_a_leader()
-            self._halt.wait(max(0.0, self.interval_s - (time.monotonic() - tick)))
+        try:
+            while not self._halt.is_set():
+                tick = time.monotonic()
+                self._scrape_all()
+                due = self.kill_after_s is not None and self.kill is None
+                if due and tick - self.started >= (self.kill_after_s or 0.0):
+                    self._kill_a_leader()
+                self._halt.wait(max(0.0, self.interval_s - (time.monotonic() - tick)))
+        except Exception as e:  # the report says so, rather than a thread dying unseen
+            self.errors.append(f"the watch stopped: {type(e).__name__}: {e}")
+            if self.kill_after_s is not None and self.kill is None:
+                self.kill = {"error": f"no kill: the watch stopped ({e})"}
 
     def _scrape_all(self) -> None:
         pids = self.pids()

@@ -189,10 +189,22 @@ async def test_json_logs_carry_request_ids_and_raft_events(
         cluster.kill("n1")
 
         async def elected() -> bool:
-            return any(
+            # A new leader of group n1, and both of its other members have heard of it
+            # (the one that lost hears at the winner's first append, a moment later).
+            logs = {n: _json_lines(cluster.nodes[n].log_path) for n in ("n2", "n3")}
+            won = any(
                 e.get("event") == "became_leader" and e.get("group") == "n1"
-                for n in ("n2", "n3")
-                for e in _json_lines(cluster.nodes[n].log_path)
+                for entries in logs.values()
+                for e in entries
+            )
+            return won and all(
+                any(
+                    e.get("event") == "leader_changed"
+                    and e.get("group") == "n1"
+                    and e.get("leader") in ("n2", "n3")
+                    for e in entries
+                )
+                for entries in logs.values()
             )
 
         await wait_until(elected, timeout_s=ELECTION_TIMEOUT_S + 3, what="n1's group re-elected")
