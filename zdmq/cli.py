@@ -198,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             help="lease seconds (300)",
         ),
         d.add_argument("--batch-size", type=int, default=100, help="messages per receive (100)"),
+        d.add_argument(
+            "--min-priority", type=int, default=0, help="only messages of this priority or more"
+        ),
     )
 
     sub.add_parser("bench", help="the benchmark workloads on zdmq and its peers (see --help)")

@@ -532,6 +532,44 @@ def test_batch_read_decodes_json_into_the_schema_and_acks_from_the_committed_out
     assert left.messages == 2 and left.in_flight == 2
 
 
+def test_batch_read_yields_priority_and_attributes_and_takes_a_minimum_priority(
+    spark: Any, cluster: LocalCluster
+) -> None:
+    q = unique("read-priority")
+    run(_create_and_push(cluster.config_path, q, []))
+
+    def attributes(i: int) -> dict[str, str] | None:
+        return {"i": str(i), "odd": "yes"} if i % 2 else None
+
+    async def push() -> None:
+        async with zdmq.Client.from_config(cluster.config_path) as c:
+            await asyncio.gather(
+                *(
+                    c.push(q, b"m%d" % i, priority=i % 10, attributes=attributes(i))
+                    for i in range(60)
+                )
+            )
+
+    run(push())
+
+    def read(**options: str) -> list[Any]:
+        df = spark.read.format("zdmq").options(config=str(cluster.config_path), queue=q)
+        rows: list[Any] = df.options(**options).load().collect()
+        return rows
+
+    high = read(min_priority="7")
+    rest = read()
+    for rows, want in ((high, range(7, 10)), (rest, range(0, 7))):
+        got = sorted(int(bytes(r.body)[1:]) for r in rows)
+        assert got == [i for i in range(60) if i % 10 in want]
+        for r in rows:
+            i = int(bytes(r.body)[1:])
+            assert r.priority == i % 10
+            assert (dict(r.attributes) if r.attributes is not None else None) == attributes(i)
+    with pytest.raises(Exception, match="option min_priority"):
+        read(min_priority="10")
+
+
 def test_bad_options_fail_before_any_task_and_name_the_option(
     spark: Any, cluster: LocalCluster
 ) -> None:

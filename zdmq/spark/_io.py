@@ -97,6 +97,8 @@ class _Nodes:
         again after a failover: a lease whose reply was lost runs out, nothing is lost."""
         path = f"/v1/queues/{opts.queue}/receive"
         params = {"max": str(k), "visibility_s": repr(opts.visibility_s)}
+        if opts.min_priority:
+            params["min_priority"] = str(opts.min_priority)
         if self.router is None:
             reply = await _http.call(
                 self.pool, "POST", self.urls[node] + path, params=params, headers=_ROUTE_LOCAL
@@ -142,10 +144,11 @@ class Built:
 class RowBuilder:
     """Wire messages -> one Arrow record batch of the read schema.
 
-    Columns, in order: id, body, encoding, receive_count, node, received_at, and receipt
-    when the schema has it. `body` follows `decode`; `encoding` is how the body travelled
-    ("utf-8" when the bytes are valid UTF-8, else "base64"). With decode=json a body that
-    is not a JSON object of the schema is left out of the batch and reported undecodable.
+    Columns, in order: id, body, encoding, receive_count, node, received_at, priority,
+    attributes, and receipt when the schema has it. `body` follows `decode`; `encoding` is
+    how the body travelled ("utf-8" when the bytes are valid UTF-8, else "base64"). With
+    decode=json a body that is not a JSON object of the schema is left out of the batch
+    and reported undecodable. `attributes` is null for a message pushed without any.
     """
 
     def __init__(self, schema: pa.Schema, decode: str) -> None:
@@ -154,10 +157,12 @@ class RowBuilder:
         self.with_receipt = "receipt" in schema.names
         self._body_type = schema.field("body").type
         self._ts_type = schema.field("received_at").type
+        self._attributes_type = schema.field("attributes").type
 
     def build(self, msgs: Sequence[dict[str, Any]], node: str, received_at_us: int) -> Built:
         out = Built(None)
-        rows: list[tuple[str, Any, str, int, str]] = []  # id, body, encoding, count, receipt
+        # id, body, encoding, count, receipt, priority, attributes (None: none given)
+        rows: list[tuple[str, Any, str, int, str, int, list[tuple[str, str]] | None]] = []
         for m in msgs:
             text, enc = m["body"], m.get("encoding", "utf-8")
             if self.decode == "bytes":
@@ -169,7 +174,18 @@ class RowBuilder:
                 if body is None:
                     out.undecodable.append(m["receipt"])
                     continue
-            rows.append((m["id"], body, enc, int(m["receive_count"]), m["receipt"]))
+            attrs = m.get("attributes")
+            rows.append(
+                (
+                    m["id"],
+                    body,
+                    enc,
+                    int(m["receive_count"]),
+                    m["receipt"],
+                    int(m.get("priority", 0)),
+                    list(attrs.items()) if attrs is not None else None,
+                )
+            )
         try:
             bodies = pa.array([r[1] for r in rows], self._body_type)
         except _ARROW_ERRORS:
@@ -191,6 +207,8 @@ class RowBuilder:
             pa.array([r[3] for r in rows], pa.int32()),
             pa.array([node] * n, pa.string()),
             pa.array([received_at_us] * n, self._ts_type),
+            pa.array([r[5] for r in rows], pa.int32()),
+            pa.array([r[6] for r in rows], self._attributes_type),
         ]
         if self.with_receipt:
             arrays.append(pa.array(out.receipts, pa.string()))

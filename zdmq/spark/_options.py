@@ -59,6 +59,7 @@ class ReadOptions:
                    not UTF-8 arrive base64, with `encoding` saying so) or "json" (parsed
                    into `json_schema`)
     json_schema    a Spark DDL schema for decode=json, e.g. "user string, amount long"
+    min_priority   lease only messages of this priority or more, 0..9 (0: all)
     """
 
     queue: str
@@ -70,6 +71,7 @@ class ReadOptions:
     max_messages_per_batch: int = 10_000
     decode: str = "bytes"
     json_schema: str | None = None
+    min_priority: int = 0
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> ReadOptions:
@@ -90,6 +92,7 @@ class ReadOptions:
             max_messages_per_batch=o.integer("max_messages_per_batch", 1, MAX_MESSAGES_PER_BATCH),
             decode=decode,
             json_schema=json_schema,
+            min_priority=o.integer("min_priority", 0, MAX_PRIORITY),
         )
 
 

@@ -81,7 +81,7 @@ def read_schema_ddl(decode: str, json_schema: str | None, *, with_receipt: bool)
     body = {"bytes": "binary", "utf-8": "string", "json": f"struct<{json_schema}>"}[decode]
     ddl = (
         f"id string, body {body}, encoding string, receive_count int, node string, "
-        "received_at timestamp"
+        "received_at timestamp, priority int, attributes map<string,string>"
     )
     return ddl + (", receipt string" if with_receipt else "")
 

@@ -167,6 +167,7 @@ def drain(
     wait_s: float = 0.0,
     decode: str = "bytes",
     json_schema: str | None = None,
+    min_priority: int = 0,
     transform: Transform | None = None,
     transform_schema: str | StructType | None = None,
     write_options: dict[str, str] | None = None,
@@ -193,6 +194,7 @@ def drain(
             "max_messages": max_messages,
             "decode": decode,
             "json_schema": json_schema,
+            "min_priority": min_priority,
         }
     )
     check_queue(layout, queue)
