@@ -12,7 +12,8 @@
 #   --kill-leader S: S seconds in, kill -9 the node that leads the most replica groups
 #     (--replication 2 or more); it is started again 3 s later, as systemd would with
 #     RestartSec=3, and its groups' other members must show a leader change and an
-#     election within the election timeout, plus one read of the metrics.
+#     election within the election timeout, plus one read of the metrics. (The CPU
+#     accounts count the killed node's process until its kill, not the new one.)
 #   e.g. loadtest/run_locust.sh -t 15s --mix push=1,pop=1,recv_ack=1 --routing zerohop
 #        loadtest/run_locust.sh --replication 3 -t 20s --kill-leader 8 --routing zerohop
 #
@@ -26,9 +27,9 @@
 #   cpu.json (CPU seconds of the nodes and of Locust; cpu_samples.json its timeline),
 #   summary.json, cluster.json (the nodes' pids and urls), metrics.json, node-logs/.
 # Exits with Locust's status (1 when any request failed), 3 when Locust passed and the
-# metrics checks did not, 130 after a Ctrl-C. After a
-# Ctrl-C with --processes, Locust's statistics may miss the workers' last reports; the
-# messages the nodes counted (in the summary and cpu.json) do not.
+# metrics checks did not, 130 after a Ctrl-C. After a Ctrl-C with --processes, Locust's
+# statistics may miss the workers' last reports; the messages the nodes counted (in the
+# summary and cpu.json) do not.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
