@@ -54,7 +54,9 @@ async def _led_elsewhere(cluster: LocalCluster, group: str) -> bool:
 def test_batch_read_with_a_node_down_reads_every_message_from_its_groups_new_leaders(
     spark: Any, make_cluster: Callable[..., LocalCluster]
 ) -> None:
-    cluster = make_cluster(nodes=4, replication=3)
+    # A dead node answers nothing (the cluster keeps its port): each call to it waits out
+    # the request timeout before the call moves on to another member.
+    cluster = make_cluster(nodes=4, replication=3, request_timeout_s=1.0)
     q = unique("read-r3")
     pushed = asyncio.run(_push_all(cluster.config_path, q, 2000))
     victim = cluster.config.node_ids[1]
