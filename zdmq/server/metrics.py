@@ -56,41 +56,21 @@ MESSAGE_EVENTS: dict[str, str] = {
     "dead_lettered": "Messages moved to their queue's dead-letter queue",
 }
 
+
+def _one_two_five(first: float, last: float) -> tuple[float, ...]:
+    """Bucket bounds 1, 2.5 and 5 times each power of ten, from `first` to `last`."""
+    out: list[float] = []
+    decade = first
+    while decade <= last:
+        out += [round(decade * m, 10) for m in (1.0, 2.5, 5.0) if decade * m <= last * 1.000001]
+        decade *= 10
+    return tuple(out)
+
+
 # Request latencies: from a fast local call to a long poll (wait_s up to 20 s).
-_LATENCY_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    25.0,
-)
-_COMMIT_SECONDS_BUCKETS = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    1.0,
-)
+_LATENCY_BUCKETS = _one_two_five(0.0001, 25.0)
+# Commits: from a write the OS buffered to a sync of a busy disk.
+_COMMIT_SECONDS_BUCKETS = (0.00005, *_one_two_five(0.0001, 0.25), 1.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
 
