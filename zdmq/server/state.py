@@ -1426,6 +1426,17 @@ class NodeState:
             else:
                 plan.append((seq, 0))
                 wanted += 1
+        return self._carry_out(queue, plan, ops, deliver)
+
+    def _carry_out(
+        self,
+        queue: str,
+        plan: list[tuple[int, int]],
+        ops: list[Op],
+        deliver: Callable[[int, Row], tuple[Op, Taken]],
+    ) -> list[Taken]:
+        """Applies a take's plan, in order: (seq, 0) is delivered, (seq, 1) dropped past
+        retention, (seq, 2) dropped past its deadline (counted expired)."""
         out: list[Taken] = []
         if not plan:
             return out
@@ -1486,17 +1497,7 @@ class NodeState:
                     continue
             if i + 1 < len(dq):
                 heapq.heappush(merge, (dq[i + 1], group, i + 1))
-        if plan:
-            rows = self._rows([seq for seq, _ in plan])
-            for seq, why in plan:
-                row = rows[seq]
-                if why:
-                    op: Op = Remove(queue, row.id, seq)
-                else:
-                    op, taken = deliver(seq, row)
-                    out.append(taken)
-                self.apply(op)
-                ops.append(op)
+        out = self._carry_out(queue, plan, ops, deliver)
         if wanted < limit and (lq.ready or lq.placed):
             out += self._take_ordered(
                 lq, queue, limit - wanted, now, retention_s, ops, deliver, min_priority
