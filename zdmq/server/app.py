@@ -348,14 +348,19 @@ async def openapi(request: Request) -> Response:
     return Response(body=text, content_type="application/yaml")
 
 
+def _visible(request: Request, names: list[str]) -> list[str]:
+    """The queue or topic names a client's token has some right on (all of them for a
+    node, or with auth off)."""
+    clients: ClientGuard | None = request.app[CLIENTS]
+    if clients is None or NODE_AUTH_HEADER in request.headers:
+        return names
+    token = clients.token(request.headers.get("Authorization"))
+    return [n for n in names if rights_on(token, n)]
+
+
 async def list_queues(request: Request) -> Response:
     queues = await (await _node(request)).list_queues()
-    clients: ClientGuard | None = request.app[CLIENTS]
-    if clients is not None and NODE_AUTH_HEADER not in request.headers:
-        # A client sees the queues its token has some right on.
-        token = clients.token(request.headers.get("Authorization"))
-        queues = [q for q in queues if rights_on(token, q)]
-    return _json({"queues": queues})
+    return _json({"queues": _visible(request, queues)})
 
 
 async def create_queue(request: Request) -> Response:
@@ -1242,11 +1247,7 @@ def _check_rights(request: Request, names: Iterable[str], right: str) -> None:
 
 async def list_topics(request: Request) -> Response:
     topics = await (await _node(request)).list_topics()
-    clients: ClientGuard | None = request.app[CLIENTS]
-    if clients is not None and NODE_AUTH_HEADER not in request.headers:
-        token = clients.token(request.headers.get("Authorization"))
-        topics = [t for t in topics if rights_on(token, t)]
-    return _json({"topics": topics})
+    return _json({"topics": _visible(request, topics)})
 
 
 async def create_topic(request: Request) -> Response:
