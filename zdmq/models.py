@@ -408,14 +408,20 @@ def new_message_ids(n: int, owner: Callable[[str], str]) -> list[str]:
             ids += [new_message_id() for _ in range(n - len(ids))]
             break
         budget -= 64
-        h = _urandom(16 * 64).hex()  # 64 candidates a read
-        for i in range(0, 32 * 64, 32):
-            mid = _uuid4_at(h, i)
-            if owner(mid) == node:
-                ids.append(mid)
-                if len(ids) == n:
-                    break
+        _draw_onto(ids, n, owner, node)
     return ids
+
+
+def _draw_onto(ids: list[str], n: int, owner: Callable[[str], str], node: str) -> None:
+    """Appends to `ids`, up to `n` in all, those of 64 fresh random ids (one read of the
+    random source) that `owner` places on `node`."""
+    h = _urandom(16 * 64).hex()  # 64 candidates a read
+    for i in range(0, 32 * 64, 32):
+        mid = _uuid4_at(h, i)
+        if owner(mid) == node:
+            ids.append(mid)
+            if len(ids) == n:
+                return
 
 
 # Namespace of the ids derived from dedup ids (uuid5 of queue and dedup id).
@@ -488,13 +494,7 @@ def new_message_ids_on(n: int, owner: Callable[[str], str], node: str) -> list[s
     owner): drawn until they land there, about N draws an id on N nodes."""
     ids: list[str] = []
     while len(ids) < n:
-        h = _urandom(16 * 64).hex()  # 64 candidates a read
-        for i in range(0, 32 * 64, 32):
-            mid = _uuid4_at(h, i)
-            if owner(mid) == node:
-                ids.append(mid)
-                if len(ids) == n:
-                    break
+        _draw_onto(ids, n, owner, node)
     return ids
 
 
