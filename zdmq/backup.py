@@ -160,6 +160,14 @@ def check_state_copy(path: Path, what: str, kind: str) -> tuple[int, int]:
     return int(machine.get("applied", 0)), int(machine.get("applied_term", 0))
 
 
+def read_chunk(path: Path, offset: int, limit: int) -> tuple[int, bytes]:
+    """The file's size and up to `limit` bytes of it from `offset` (blocking: run it in
+    a thread)."""
+    with path.open("rb") as f:
+        f.seek(offset)
+        return os.fstat(f.fileno()).st_size, f.read(limit)
+
+
 def sync_dir(path: Path) -> None:
     """fsync a directory: a rename or a new file in it is durable once this returns."""
     fd = os.open(path, os.O_RDONLY)

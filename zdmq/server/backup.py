@@ -19,12 +19,12 @@ when the node starts.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import secrets
 import shutil
 from pathlib import Path
 
+from zdmq.backup import read_chunk
 from zdmq.errors import BadRequest, RouteNotFound
 from zdmq.server.storage import Storage
 
@@ -90,12 +90,7 @@ class BackupCopies:
             path = self._path(group, copy)
         _, index, term = self._copies[copy]
 
-        def read() -> tuple[int, bytes]:
-            with path.open("rb") as f:
-                f.seek(offset)
-                return os.fstat(f.fileno()).st_size, f.read(CHUNK)
-
-        size, data = await asyncio.to_thread(read)
+        size, data = await asyncio.to_thread(read_chunk, path, offset, CHUNK)
         if offset > size:
             raise BadRequest(f"offset {offset} is past the backup's {size} bytes")
         return BackupChunk(copy, index, term, size, offset, data)

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
-from zdmq.backup import check_state_copy, sync_dir
+from zdmq.backup import check_state_copy, read_chunk, sync_dir
 from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
 from zdmq.raft.core import NotLeader as RaftNotLeader
@@ -269,12 +269,7 @@ class Member:
                 raise RouteNotFound(f"{self.id} keeps no snapshot of group {group} at {index}")
             term, path = found[0]
 
-        def read() -> tuple[int, bytes]:
-            with path.open("rb") as f:
-                f.seek(offset)
-                return os.fstat(f.fileno()).st_size, f.read(SNAPSHOT_CHUNK)
-
-        size, data = await asyncio.to_thread(read)
+        size, data = await asyncio.to_thread(read_chunk, path, offset, SNAPSHOT_CHUNK)
         if offset > size:
             raise BadRequest(f"offset {offset} is past the snapshot's {size} bytes")
         return SnapshotChunk(index, term, size, offset, data)
