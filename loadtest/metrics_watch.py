@@ -88,11 +88,12 @@ def healths(urls: dict[str, str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def leaders(urls: dict[str, str]) -> dict[str, str]:
-    """group -> the node that says it leads it (a group without one is left out)."""
+def leaders(seen: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """group -> the node that says it leads it, from the nodes' healths (a group
+    without one is left out)."""
     return {
         g: node
-        for node, h in healths(urls).items()
+        for node, h in seen.items()
         for g, s in (h.get("groups") or {}).items()
         if s.get("role") == "leader"
     }
@@ -162,7 +163,8 @@ class MetricsWatch(threading.Thread):
                 spans.append((pids[node], samples, samples))
 
     def _kill_a_leader(self) -> None:
-        led = leaders(self.urls)
+        health = healths(self.urls)
+        led = leaders(health)
         if not led:
             self.kill = {"error": "no group had a leader to kill"}
             return
@@ -172,8 +174,7 @@ class MetricsWatch(threading.Thread):
         victim = max(sorted(counts), key=lambda n: counts[n])
         groups = sorted(g for g, n in led.items() if n == victim)
         members = {
-            g: sorted(n for n, h in healths(self.urls).items() if g in (h.get("groups") or {}))
-            for g in groups
+            g: sorted(n for n, h in health.items() if g in (h.get("groups") or {})) for g in groups
         }
         others = {g: [n for n in ms if n != victim] for g, ms in members.items()}
         watched = sorted({n for ns in others.values() for n in ns})
@@ -263,7 +264,7 @@ class MetricsWatch(threading.Thread):
 
     def _compare_depths(self) -> dict[str, Any]:
         any_url = next(iter(self.urls.values()))
-        led = leaders(self.urls)
+        led = leaders(healths(self.urls))
         samples = {}
         for node, url in self.urls.items():
             try:
