@@ -30,7 +30,7 @@ import pytest
 from zdmq import _http
 from zdmq.auth import NodeSigner, NodeVerifier
 from zdmq.errors import NodeUnavailable
-from zdmq.raft import Entry, Message, MsgType, NotLeader, Role
+from zdmq.raft import Entry, Message, MsgType, NotCommitted, NotLeader, Role
 from zdmq.raft.driver import (
     RAFT_CONTENT_TYPE,
     RAFT_PATH,
@@ -89,6 +89,7 @@ class Cluster:
         # node -> group -> entries applied, in order (the state machine, kept durably).
         self.applied: dict[str, dict[str, list[Entry]]] = {i: {} for i in self.ids}
         self.sides: dict[str, int] | None = None  # a partition: node -> side
+        self.deaf: set[str] = set()  # nodes that send, but hear nothing (no call, no answer)
         self.poisoned: set[str] = set()  # nodes whose apply raises on b"poison"
         self.send_for: Callable[[str], Callable[[str, bytes], Any]] = self._local_send
 
@@ -100,12 +101,16 @@ class Cluster:
         async def send(peer: str, payload: bytes) -> None:
             if self.sides is not None and self.sides[src] != self.sides[peer]:
                 raise ConnectionError("partitioned")
+            if peer in self.deaf:
+                raise ConnectionError("deaf")
             host = self.hosts.get(peer)
             if host is None:
                 raise ConnectionRefusedError(f"{peer} is down")
             answer = await host.exchange(payload, src)
             if self.sides is not None and self.sides[src] != self.sides[peer]:
                 raise ConnectionError("partitioned")  # cut off while it answered
+            if src in self.deaf:
+                raise ConnectionError("deaf")  # delivered, the answer lost
             return answer
 
         return send
@@ -483,6 +488,55 @@ async def test_a_minority_side_commits_nothing_and_its_leader_steps_down(tmp_pat
         await until(lambda: c.leader_of("n4") == "n4", "n4 leads n4 again")
         await until(lambda: c.converged("n4", 2) and c.converged("n3", 2), "healed and converged")
         assert c.datas("n4", "n4") == [b"first", b"majority"]
+
+
+async def test_a_deposed_leaders_proposal_resolves_when_the_next_leader_commits_it(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3, outcome_ticks=5000) as c:
+        await c.preferred_leaders()
+        await propose_on_leader(c, "n0", b"first")
+        # n0's appends reach its followers, but n0 hears nothing back: it cannot commit.
+        c.deaf = {"n0"}
+        fut = c.hosts["n0"].propose("n0", b"x")
+        await until(lambda: bool(c.hosts["n0"]._pending["n0"]), "x taken by n0's core")
+        (index,) = c.hosts["n0"]._pending["n0"]
+        await until(lambda: all(last(c, n) >= index for n in ("n1", "n2")), "x appended")
+        # CheckQuorum deposes n0; n1 or n2 is elected and commits x in its term.
+        await until(lambda: not c.hosts["n0"].is_leader("n0"), "n0 steps down")
+        await until(
+            lambda: any(b"x" in c.datas(n, "n0") for n in ("n1", "n2")), "x committed by another"
+        )
+        assert not fut.done()  # n0 still waits for the outcome, as a follower
+        c.deaf = set()
+        node, _, data = await asyncio.wait_for(fut, WAIT_S)
+        assert (node, data) == ("n0", b"x")  # applied here, answered as if led throughout
+        assert c.hosts["n0"].counters["proposals_unknown"] == 0
+
+
+async def test_a_deposed_leaders_overwritten_proposal_fails_as_not_committed(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3, outcome_ticks=5000) as c:
+        await c.preferred_leaders()
+        await propose_on_leader(c, "n0", b"first")
+        c.sides = {"n0": 0, "n1": 1, "n2": 1}
+        lost = c.hosts["n0"].propose("n0", b"lost")  # on n0's log alone
+        await until(lambda: c.leader_of("n0") in ("n1", "n2"), "n1 or n2 leads n0's group")
+        await propose_on_leader(c, "n0", b"majority")
+        await until(lambda: not c.hosts["n0"].is_leader("n0"), "n0 steps down")
+        assert not lost.done()
+        c.sides = None
+        with pytest.raises(NotCommitted):
+            await asyncio.wait_for(lost, WAIT_S)
+        assert c.hosts["n0"].counters["proposals_overwritten"] == 1
+        await until(lambda: c.converged("n0", 2), "healed and converged")
+        assert c.datas("n0", "n0") == [b"first", b"majority"]
+
+
+def last(c: Cluster, node: str) -> int:
+    """The last index of `node`'s log of group n0, committed or not."""
+    return c.hosts[node]._cores["n0"].log.last_index()
 
 
 # ---- faults of input and of the state machine ------------------------------------------------

@@ -9,7 +9,16 @@ node in one SQLite file, many groups' `Ready`s in one commit. zdmq/raft/driver.p
 node on asyncio, persisting their `Ready`s together and batching their messages per peer.
 """
 
-from zdmq.raft.core import Message, MsgType, NotLeader, Progress, RaftCore, Ready, Role
+from zdmq.raft.core import (
+    Message,
+    MsgType,
+    NotCommitted,
+    NotLeader,
+    Progress,
+    RaftCore,
+    Ready,
+    Role,
+)
 from zdmq.raft.storage import (
     Entry,
     HardState,
@@ -25,6 +34,7 @@ __all__ = [
     "MemoryStorage",
     "Message",
     "MsgType",
+    "NotCommitted",
     "NotLeader",
     "Progress",
     "RaftCore",

@@ -100,6 +100,7 @@ __all__ = [
     "SENT_BEFORE_PERSIST",
     "Message",
     "MsgType",
+    "NotCommitted",
     "NotLeader",
     "Progress",
     "RaftCore",
@@ -174,6 +175,11 @@ class NotLeader(Exception):
         super().__init__(f"not the leader; leader {leader!r} at term {term}")
         self.leader = leader
         self.term = term
+
+
+class NotCommitted(NotLeader):
+    """A proposal's entry was never committed: another leader's entry took its index in
+    the committed log (so the command did not take effect, and may be sent again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +387,11 @@ class RaftCore:
         self.proven = proven
         #: While not proven: the highest (commit index, its leader's term) announced.
         self.told = told
+
+    @property
+    def leader_silent_ticks(self) -> int:
+        """Ticks since this member last heard from the leader it follows (0 as leader)."""
+        return 0 if self.role is Role.LEADER else self._election_elapsed
 
     # -- the driver's inputs --------------------------------------------------------------
 

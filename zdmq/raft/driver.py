@@ -106,6 +106,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import re
@@ -124,6 +125,7 @@ from zdmq.raft.core import (
     SENT_BEFORE_PERSIST,
     Message,
     MsgType,
+    NotCommitted,
     NotLeader,
     RaftCore,
     Ready,
@@ -449,6 +451,10 @@ class _Peer:
         self.task: asyncio.Task[None] | None = None
 
 
+def _at_or_below(upto: int, index: int, _until: int) -> bool:
+    return index <= upto
+
+
 class _Proposal:
     __slots__ = ("data", "future", "group")
 
@@ -500,6 +506,7 @@ class RaftHost:
         max_payload_bytes: int = 4 * 1024 * 1024,
         max_inbox: int = 100_000,
         report_ticks: int = 3000,
+        outcome_ticks: int | None = None,
         snapshots: SnapshotHooks | None = None,
         compact_entries: int = 0,
         compact_bytes: int = 0,
@@ -517,6 +524,8 @@ class RaftHost:
         self.max_payload_bytes = max_payload_bytes
         self.max_inbox = max_inbox
         self.report_ticks = report_ticks
+        #: How long a member that stopped leading waits for its proposals' outcome.
+        self.outcome_ticks = 2 * election_ticks if outcome_ticks is None else outcome_ticks
         self._snapshots = snapshots
         #: Applied entries a compaction keeps behind the durable state (0: never compacts).
         self.compact_entries = compact_entries if snapshots is not None else 0
@@ -575,6 +584,9 @@ class RaftHost:
         self._pending: dict[str, dict[int, tuple[int, asyncio.Future[Any]]]] = {
             g: {} for g in groups
         }
+        # Those made in a term this member no longer leads: group -> index -> the tick
+        # their wait for an outcome ends at.
+        self._deposed: dict[str, dict[int, int]] = {g: {} for g in groups}
         # The term each group is led by this member in, None while it is not leader.
         self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
         # Whether the pump waits for a write (see `_beat_while_writing`).
@@ -607,6 +619,8 @@ class RaftHost:
                 "bad_answers",  # answers refused as not well formed
                 "send_failures",
                 "proposals",  # taken by a core as leader
+                "proposals_overwritten",  # never committed: another leader's entry won
+                "proposals_unknown",  # its member deposed and no outcome seen in time
                 "applied",
                 "elections_won",
                 "transfers",  # leadership handed to the preferred leader
@@ -705,11 +719,17 @@ class RaftHost:
 
         Raises `NotLeader(leader, term)` at once when this member is not the group's
         leader, `UnknownGroup` for a group this node is not in, and `RaftHostStopped`.
-        The future fails with `NotLeader` when the entry is overwritten (another term at
-        its index) or this member stops being leader before the entry is committed, and
-        with `RaftHostStopped` if the host stops first. Such an entry may still commit
-        later (a new leader may hold it): the caller cannot know, so a retry must be
-        idempotent or the caller must accept a duplicate.
+
+        A member that stops leading before the entry is committed keeps waiting for its
+        outcome as a follower, up to `outcome_ticks`: the entry is applied here if a
+        later leader committed it (a leadership transfer hands over a caught-up log, so
+        this is the usual case), and the future resolves as if nothing had happened.
+        The future fails with `NotCommitted` (a `NotLeader`) when another leader's entry
+        took its index: it never took effect and may be sent again. It fails with
+        `NotLeader` when the wait ends with no outcome, or a snapshot replaced the log
+        past it, and with `RaftHostStopped` if the host stops first: such an entry may
+        still have committed, the caller cannot know, so a retry must be idempotent or
+        the caller must accept a duplicate.
         """
         self._check_running()
         core = self._core(group)
@@ -848,6 +868,12 @@ class RaftHost:
 
     def is_leader(self, group: str) -> bool:
         return self._core(group).role is Role.LEADER
+
+    def live_leader(self, group: str, within_ticks: int) -> str | None:
+        """The leader this member knows of, if it heard from it in the last
+        `within_ticks` ticks (a leader paused or cut off soon falls silent); else None."""
+        core = self._core(group)
+        return core.leader if core.leader_silent_ticks <= within_ticks else None
 
     def role(self, group: str) -> Role:
         return self._core(group).role
@@ -1141,6 +1167,8 @@ class RaftHost:
             # the log, which the state's owner resets at start (never a mix).
             await hooks.install(snap)
             await asyncio.to_thread(self._logs[gid].restore, SnapshotMeta(snap.index, snap.term))
+            # Proposals the snapshot passed over are never applied here: outcome unknown.
+            self._end_waits(gid, functools.partial(_at_or_below, snap.index))
             self.counters["snapshots_installed"] += 1
             self.snapshot_installs[gid] += 1
             log.info(
@@ -1273,23 +1301,39 @@ class RaftHost:
                 self.counters["transfers"] += 1
 
     def _check_pending(self) -> None:
-        """Counts elections won, and fails the proposals this member can no longer
-        commit: once it stops leading the term they were made in, those past the commit
-        index (those at or below it are committed and resolve when applied)."""
+        """Counts elections won; once this member stops leading the term some pending
+        proposals were made in, gives those past the commit index `outcome_ticks` to
+        be applied (committed by a later leader) or overwritten, then fails the rest
+        with `NotLeader` (outcome unknown)."""
+        ticked = self._ticked
         for gid, core in self._cores.items():
             lead_term = core.term if core.role is Role.LEADER else None
-            if lead_term == self._lead_term[gid]:
-                continue  # every pending proposal was made in this term: all still live
-            self._lead_term[gid] = lead_term
-            if lead_term is not None:
-                self.counters["elections_won"] += 1
-                self._reporting[gid] = (lead_term, self._ticked + self.report_ticks)
-            pending = self._pending[gid]
-            committed = core.log.committed
-            for i in [i for i, (term, _) in pending.items() if i > committed and term != lead_term]:
-                _, fut = pending.pop(i)
-                if not fut.done():
-                    fut.set_exception(NotLeader(core.leader, core.term))
+            deposed = self._deposed[gid]
+            if lead_term != self._lead_term[gid]:
+                self._lead_term[gid] = lead_term
+                if lead_term is not None:
+                    self.counters["elections_won"] += 1
+                    self._reporting[gid] = (lead_term, ticked + self.report_ticks)
+                committed = core.log.committed
+                until = ticked + self.outcome_ticks
+                for i, (term, _) in self._pending[gid].items():
+                    if i > committed and term != lead_term and i not in deposed:
+                        deposed[i] = until
+            if deposed:
+                self._end_waits(gid, lambda i, until: until <= ticked)
+
+    def _end_waits(self, gid: str, ends: Callable[[int, int], bool]) -> None:
+        """Fails, outcome unknown, the deposed proposals of `gid` that `ends(index,
+        until)` picks."""
+        deposed = self._deposed[gid]
+        pending = self._pending[gid]
+        core = self._cores[gid]
+        for i in [i for i, until in deposed.items() if ends(i, until)]:
+            del deposed[i]
+            waiter = pending.pop(i, None)
+            if waiter is not None and not waiter[1].done():
+                waiter[1].set_exception(NotLeader(core.leader, core.term))
+                self.counters["proposals_unknown"] += 1
 
     def _watch(self) -> None:
         """After a round: logs each group's campaigns, won elections, step-downs and
@@ -1390,6 +1434,7 @@ class RaftHost:
 
     def _apply_entries(self, gid: str, entries: Sequence[Entry]) -> None:
         pending = self._pending[gid]
+        deposed = self._deposed[gid]
         apply = self._apply
         for e in entries:
             waiter = pending.pop(e.index, None) if pending else None
@@ -1398,14 +1443,17 @@ class RaftHost:
             self.counters["applied"] += 1
             if waiter is None:
                 continue
+            if deposed:
+                deposed.pop(e.index, None)
             term, fut = waiter
             if fut.done():
                 continue
             if term == e.term:
                 fut.set_result(result)
-            else:  # another leader's entry took this index
+            else:  # another leader's entry took this index: this one never committed
                 core = self._cores[gid]
-                fut.set_exception(NotLeader(core.leader, core.term))
+                fut.set_exception(NotCommitted(core.leader, core.term))
+                self.counters["proposals_overwritten"] += 1
 
     # -- the transport --------------------------------------------------------------------
 

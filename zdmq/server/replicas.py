@@ -54,6 +54,7 @@ from zdmq import _http
 from zdmq.backup import check_state_copy, read_chunk, sync_dir
 from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
+from zdmq.raft.core import NotCommitted as RaftNotCommitted
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
 from zdmq.raft.sqlite_storage import RaftLogStore
@@ -75,6 +76,8 @@ TICK_S = 0.1
 ELECTION_TICKS = 10
 # How long a call waits for its group to elect a leader before it is answered 421.
 LEADER_WAIT_S = 3.0
+# A leader not heard from for this many ticks (5 heartbeats) is not sent calls to.
+LIVE_TICKS = ELECTION_TICKS // 2
 # Raft messages to one peer travel in payloads of up to this many bytes (past the first).
 PAYLOAD_BYTES = 4 << 20
 _INDEX_TERM = re.compile(r"([0-9]+)-([0-9]+)")
@@ -340,9 +343,11 @@ class Member:
 
         Raises NotLeader when this member does not lead the group: nothing was proposed,
         so the call may go to the leader. If this member stops leading after proposing,
-        before the command commits, the command may still commit under the next leader:
-        that raises NodeUnavailable (the outcome is unknown), which a call that must not
-        run twice (a pop) does not retry."""
+        it waits for the command's outcome as a follower (the driver's `propose`): the
+        result if the next leader committed it, NotLeader if that leader's log took its
+        place (it never took effect). With no outcome in time the command may still
+        commit: that raises NodeUnavailable (the outcome is unknown), which a call that
+        must not run twice (a pop) does not retry."""
         host = self.raft
         if host is None:
             raise NodeUnavailable(f"{self.id}: replication is not running")
@@ -352,6 +357,8 @@ class Member:
             raise self.not_leader(group, e.leader) from None
         try:
             return await proposed
+        except RaftNotCommitted:
+            raise self.not_leader(group) from None
         except RaftNotLeader:
             raise NodeUnavailable(
                 f"group {group} changed leader before this call committed: it may still take effect"
@@ -373,23 +380,31 @@ class Member:
             return self.raft.leader(group)[0]
         return None
 
+    def live_leader(self, group: str) -> str | None:
+        """The leader of `group` (one of this member's) it heard from in the last
+        LIVE_TICKS ticks; None during an election or while its leader is silent."""
+        if self.raft is None or group not in self.nodes:
+            return None
+        return self.raft.live_leader(group, LIVE_TICKS)
+
     def term(self, group: str) -> int:
         return self.raft.leader(group)[1] if self.raft is not None else 0
 
     async def serving(self, group: str | None) -> Node:
         """The node that serves a call for `group` here (None: the call named no group,
-        so any group this member leads, its own first); NotLeader if there is none.
+        so any group this member leads, its own first); NotLeader if there is none (a
+        call that named no group is then relayed: relay.py).
 
-        While the group has no leader (an election runs: at start, or after its leader
-        failed), the call waits for one, up to LEADER_WAIT_S, rather than send its caller
-        away with nobody to go to."""
+        While a named group has no leader (an election runs: at start, or after its
+        leader failed), the call waits for one, up to LEADER_WAIT_S, rather than send its
+        caller away with nobody to go to."""
         deadline = time.monotonic() + LEADER_WAIT_S
         while True:
             try:
                 return self._serving(group)
             except NotLeader as e:
                 # An election this member takes part in, with no leader known yet.
-                electing = e.leader is None and (group is None or group in self.nodes)
+                electing = e.leader is None and group is not None and group in self.nodes
                 if not electing or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(0.05)
@@ -436,10 +451,17 @@ class Member:
         **kw: Any,
     ) -> _http.Reply:
         """A call to `group`'s leader, wherever it is (routing.py: hints, other members,
-        pauses; `once` for a call that must not run twice)."""
+        pauses; `once` for a call that must not run twice). NodeUnavailable when no
+        member took it as leader in the router's time (the call never ran)."""
         headers = {**headers, GROUP_HEADER: group}
 
         def send(target: str) -> Awaitable[_http.Reply]:
             return _http.call(self.pool, method, self.urls[target] + path, headers=headers, **kw)
 
-        return await self.router.call(group, send, once=once)
+        try:
+            return await self.router.call(group, send, once=once)
+        except NotLeader as e:
+            # Not this call's caller's business to route: the group it named is another.
+            err = NodeUnavailable(f"group {group} has no leader to take the call: {e}")
+            err.unsent = True
+            raise err from None
