@@ -3,7 +3,10 @@
 Any node accepts any call. Calls that belong to another node (a push whose id hashes
 elsewhere, a create or delete of a queue whose metadata lives elsewhere) are forwarded
 once, marked with `zdmq-forwarded`; a forwarded call that still lands on a non-owner is
-refused with 421 rather than bounced again. Paths under `/v1/internal/` are the
+refused with 421 rather than bounced again. With replication, a call that names no
+replica group and lands on a node that leads none (or stops leading the one serving it)
+is relayed to a leader (relay.py); only callers that name the group, which route
+themselves, are answered 421 `not_leader`. Paths under `/v1/internal/` are the
 node-to-node protocol.
 """
 
@@ -100,6 +103,7 @@ from zdmq.server.node import (
     PushItem,
     node_pool,
 )
+from zdmq.server.relay import Relay
 from zdmq.server.replicas import (
     SNAPSHOT_INDEX_HEADER,
     SNAPSHOT_SIZE_HEADER,
@@ -140,8 +144,9 @@ def _json(payload: Any, status: int = 200) -> Response:
 
 async def _node(request: Request) -> Node:
     """The node that serves this call: the process's own, or with replication the replica
-    group the call names (`zdmq-group`; else one this process leads). NotLeader (421)
-    when this process does not lead that group now."""
+    group the call names (`zdmq-group`; else one this process leads). NotLeader when
+    this process does not lead that group now: 421 to a caller that named the group, a
+    relay to a leader for one that did not (relay.py)."""
     member: Member | None = request.app[MEMBER]
     if member is None:
         node: Node = request.app[NODE]
@@ -1839,6 +1844,7 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         served = [node]
         app[NODE] = node
     app[MEMBER] = member
+    relay = Relay(config, member) if member is not None else None
     app[BACKUPS] = BackupCopies(config.node_data_dir(node_id) / "backups")
     sampler = cluster_status.RateSampler(
         lambda: served if member is None else member.nodes.values()
@@ -1884,6 +1890,8 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
                 await task
         if app[STATUS_POOL] is not None:
             await app[STATUS_POOL].close()
+        if relay is not None:
+            await relay.close()
         if member is not None:
             await member.stop()
         else:
@@ -1896,6 +1904,8 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
     for method, path, handler, need in ROUTES:
         if need != NODE_ONLY:
             handler = _taking(_QUERY.get(handler, frozenset()), handler)
+            if relay is not None:  # a plain call this node cannot serve goes to a leader
+                handler = relay.wrap(handler)
         app.route(method, path, _guarded(handler, need, nodes, clients, refusals))
     return app
 

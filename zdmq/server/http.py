@@ -159,6 +159,10 @@ class Response:
             self.headers["Content-Type"] = content_type
 
 
+# What a 503 asks its caller to wait, in seconds, before it calls again.
+RETRY_AFTER_S = "1"
+
+
 def json_response(payload: Any, status: int = 200) -> Response:
     return Response(status=status, body=orjson.dumps(payload), content_type="application/json")
 
@@ -167,6 +171,8 @@ def error_response(err: ZdmqError) -> Response:
     resp = json_response(err.to_wire(), status=err.status)
     if isinstance(err, MethodNotAllowed) and err.allow:
         resp.headers["Allow"] = ", ".join(err.allow)  # RFC 9110: a 405 lists what the path takes
+    elif err.status == 503:
+        resp.headers["Retry-After"] = RETRY_AFTER_S  # a leader, or the node, soon back
     return resp
 
 
