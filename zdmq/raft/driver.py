@@ -724,8 +724,10 @@ class RaftHost:
         outcome as a follower, up to `outcome_ticks`: the entry is applied here if a
         later leader committed it (a leadership transfer hands over a caught-up log, so
         this is the usual case), and the future resolves as if nothing had happened.
-        The future fails with `NotCommitted` (a `NotLeader`) when another leader's entry
-        took its index: it never took effect and may be sent again. It fails with
+        The future fails with `NotCommitted` (a `NotLeader`) when the core did not take
+        the entry (it stopped leading, or began to hand over, before the pump fed it) or
+        another leader's entry took its index: it never took effect and may be sent
+        again. It fails with
         `NotLeader` when the wait ends with no outcome, or a snapshot replaced the log
         past it, and with `RaftHostStopped` if the host stops first: such an entry may
         still have committed, the caller cannot know, so a retry must be idempotent or
@@ -1082,8 +1084,8 @@ class RaftHost:
             core = cores[p.group]
             try:
                 index = core.propose(p.data)
-            except NotLeader as e:
-                p.future.set_exception(e)
+            except NotLeader as e:  # deposed, or handing over, since `propose`: not taken
+                p.future.set_exception(NotCommitted(e.leader, e.term))
                 continue
             self.counters["proposals"] += 1
             self._pending[p.group][index] = (core.term, p.future)
