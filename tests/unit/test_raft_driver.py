@@ -942,6 +942,11 @@ async def test_a_follower_takes_a_lift_report_only_from_its_leader_in_its_term_o
 async def test_concurrent_proposals_across_groups_share_few_store_commits(tmp_path: Path) -> None:
     async with cluster(tmp_path, 3) as c:
         await c.preferred_leaders()
+
+        def idle() -> bool:  # no write in flight: a batch's commit and its count agree
+            return not any(h._writing for h in c.hosts.values())
+
+        await until(idle, "no write in flight")
         batches0 = {n: h.counters["fsync_batches"] for n, h in c.hosts.items()}
         commits0 = {n: c.stores[n].commits for n in c.ids}
         n = 600
@@ -949,6 +954,7 @@ async def test_concurrent_proposals_across_groups_share_few_store_commits(tmp_pa
         await asyncio.gather(*(c.hosts[g].propose(g, d) for g, d in calls))
         for g in c.groups:
             await until(lambda g=g: c.converged(g, n // 3), f"{g} applied everywhere")
+        await until(idle, "no write in flight")
         batches = sum(h.counters["fsync_batches"] - batches0[i] for i, h in c.hosts.items())
         commits = sum(c.stores[i].commits - commits0[i] for i in c.ids)
         assert batches == commits  # every store commit is one of the host's batches
