@@ -224,6 +224,7 @@ async def run_checked(
     report = check(h)
     print(report.text())
     print(f"replies: {dict(w.seen)}")
+    assert w.seen["421"] == 0, "a plain REST call was answered 421"
     return report
 
 

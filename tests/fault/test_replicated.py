@@ -1,9 +1,9 @@
 """Fault runs on replicated clusters: 4 real nodes, `replication: 3`, `durability: fsync`.
 
 Each node leads one replica group (its own id) and follows two; any node takes any REST call
-and forwards it to the leader of the group it is for, and a node that leads no group answers
-421 naming a leader, which the workload follows. What replication guarantees (design.md §15),
-and what these runs assert:
+and forwards it to the leader of the group it is for, and a node that leads no group relays
+it to a leader: no plain REST call is ever answered 421 (asserted by every run). What
+replication guarantees (design.md §15), and what these runs assert:
 
 - kill -9 of any node (restarted on its disk) or SIGSTOP of any node, one at a time: pushes
   keep being acknowledged in every fault window (each group keeps a majority), nothing
@@ -15,7 +15,7 @@ and what these runs assert:
   lost, and a side without a majority of a group acknowledges nothing for it: no call that
   began and ended while the cut held got a 2xx reporting a change of a message kept by a
   group whose majority its answering node could not reach, and pushes sent on purpose to
-  such nodes (probes, which follow no 421) get no 2xx.
+  such nodes (probes, sent once) get no 2xx.
 - pop (at-most-once) across kill -9 of a group's leader: no message is handed out twice,
   and the messages missing are at most what the pops of unknown outcome could have taken.
 
@@ -275,6 +275,7 @@ async def kills_pauses_and_a_lost_disk(
     report = check(h)
     print(report.text())
     print(f"replies: {dict(w.seen)}")
+    assert w.seen["421"] == 0, "a plain REST call was answered 421"
     print(f"{victim} lost its disk; {len(report.acknowledged)} acknowledged, all delivered")
     assert len(report.acknowledged) > 100, "the workload pushed too little to prove anything"
     assert_clean(report)
@@ -365,6 +366,7 @@ async def pops(
     report = check(h)
     print(report.text())
     print(f"replies: {dict(w.seen)}")
+    assert w.seen["421"] == 0, "a plain REST call was answered 421"
     ops, _ = pair(h)
     kills = [win for win in fault_windows(h) if win.fault == "kill"]
     popped_after_kill = sum(
@@ -491,6 +493,7 @@ async def partitions(
     report = check(h)
     print(report.text())
     print(f"replies: {dict(w.seen)}")
+    assert w.seen["421"] == 0, "a plain REST call was answered 421"
     windows = window_acks(h, placement)
     changes = cut_changes(h, members, placement.owner)
     minority = [ch for ch in changes if not ch.majority]

@@ -17,9 +17,9 @@ recorded in a History for the checker.
 
 Outcomes: 2xx is ok (recorded with the node that answered); 4xx is fail (it certainly did
 nothing); a timeout, a lost connection or a 5xx is info (unknown: a node may have done it
-before the reply was lost). A 421 `not_leader` (with replication, from a node that leads no
-group) is not an outcome: the call goes on to the leader it names (`Rest`), and is info only
-if it still ends in 421.
+before the reply was lost). A plain REST caller is never answered 421 (a node that leads no
+group relays the call to a leader): one is counted (`seen["421"]`, which the runs assert is
+0) and is info.
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ class Outcome(Exception):
         self.definite = definite
 
 
-# How many nodes one call may visit: the one drawn, then each 421's leader in turn.
-HOPS = 4
 # A node that did not answer (a timeout, a refused or lost connection) is not drawn again
 # for this long, unless every node is in that state.
 SUSPECT_S = 5.0
@@ -73,12 +71,6 @@ def node_urls(cluster: LocalCluster) -> dict[str, str]:
 class Rest:
     """Calls to a node drawn at random for each call, with a timeout of its own.
 
-    With replication a node that leads no group answers 421 `not_leader`, naming the
-    leader it knows: the call goes there next (or, with none named, to another node after
-    a pause: an election runs), up to HOPS nodes. A 421 did nothing where it was answered,
-    but a node that forwarded the call may have tried it elsewhere first, so a call that
-    ends in 421 has an unknown outcome.
-
     A node that did not answer is left out of the draw for SUSPECT_S, as a client would
     (calls do not wait out a dead node's timeout one after another)."""
 
@@ -86,9 +78,9 @@ class Rest:
     nodes: Mapping[str, str]  # node id -> URL
     rng: random.Random
     timeout_s: float = 3.0
-    follow: bool = True  # False: a 421 ends the call (a probe of one node)
     suspect: dict[str, float] = field(default_factory=dict)  # node -> left out until
-    # Replies that sent a call on (`421`) and calls that got no reply (`no reply`).
+    # Replies 421 (a broken promise: plain callers never get one) and calls that got no
+    # reply (`no reply`).
     seen: Counter[str] = field(default_factory=Counter)
 
     def _draw(self) -> str:
@@ -101,37 +93,26 @@ class Rest:
     ) -> tuple[str, Any]:
         """The node that answered 2xx, and its reply's JSON (None without a body)."""
         node = self._draw()
-        for hop in range(HOPS):
-            try:
-                async with self.session.request(
-                    method,
-                    self.nodes[node] + path,
-                    timeout=aiohttp.ClientTimeout(total=self.timeout_s + extra_s),
-                    **kw,
-                ) as resp:
-                    body = await resp.read()
-                    status = resp.status
-                    json = resp.content_type.endswith("json") and body
-            except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
-                self.suspect[node] = time.monotonic() + SUSPECT_S
-                self.seen["no reply"] += 1
-                raise Outcome(False, f"{node}: {type(e).__name__}: {e}") from e
-            reply = orjson.loads(body) if json else None
-            if status < 400:
-                return node, reply
-            what = f"{node}: {status} {body[:200]!r}"
-            if status != 421:
-                raise Outcome(status < 500, what)
+        try:
+            async with self.session.request(
+                method,
+                self.nodes[node] + path,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s + extra_s),
+                **kw,
+            ) as resp:
+                body = await resp.read()
+                status = resp.status
+                json = resp.content_type.endswith("json") and body
+        except (aiohttp.ClientError, TimeoutError, ConnectionError) as e:
+            self.suspect[node] = time.monotonic() + SUSPECT_S
+            self.seen["no reply"] += 1
+            raise Outcome(False, f"{node}: {type(e).__name__}: {e}") from e
+        reply = orjson.loads(body) if json else None
+        if status < 400:
+            return node, reply
+        if status == 421:
             self.seen["421"] += 1
-            if hop + 1 == HOPS or not self.follow:
-                raise Outcome(False, what)
-            leader = ((reply or {}).get("error") or {}).get("leader")
-            if leader in self.nodes and leader != node:
-                node = leader
-            else:  # no leader known there: another node, after an election's moment
-                await asyncio.sleep(0.2 * (hop + 1))
-                node = self._draw()
-        raise AssertionError("unreachable")
+        raise Outcome(status < 500 and status != 421, f"{node}: {status} {body[:200]!r}")
 
 
 class Workload:
@@ -266,8 +247,8 @@ class Workload:
         group: str,
         timeout_s: float = 1.0,
     ) -> None:
-        """One push of a fresh message that `group` keeps, sent to `node` alone (no 421 is
-        followed, nothing is retried), recorded like a producer's: a partition test sends it
+        """One push of a fresh message that `group` keeps, sent to `node` alone (nothing is
+        retried), recorded like a producer's: a partition test sends it
         to a node cut off from a majority of `group`, which must not acknowledge it."""
         self._pushed[process] += 1
         while True:  # a dedup id whose message `group` keeps
@@ -278,7 +259,7 @@ class Workload:
             self._pushed[process] += 1
         value = {"id": msg_id, "payload": f"{self.salt}:{dedup_id}"}
         async with self.session() as s:
-            rest = Rest(s, {node: self.nodes[node]}, self.rng, timeout_s, follow=False)
+            rest = Rest(s, {node: self.nodes[node]}, self.rng, timeout_s)
             await self._push(rest, process, dedup_id, value)
 
     # ---- consumers -------------------------------------------------------------------
