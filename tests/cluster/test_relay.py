@@ -218,3 +218,40 @@ async def test_a_node_leading_nothing_passes_over_a_paused_leader(
     left = await drained(cluster, queue)
     assert len(plain.popped) == len(set(plain.popped))
     assert plain.pushed <= set(plain.popped) | set(left)
+
+
+async def test_a_relayed_call_is_checked_against_the_callers_own_token(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    admin, writer = "admin-token-0123456789abcdef", "writer-token-0123456789abcdef"
+    tokens = [
+        {"name": "admin", "token": admin, "rights": {"": ["admin"]}},
+        {"name": "writer", "token": writer, "rights": {"jobs-": ["read", "write"]}},
+    ]
+    cluster = make_cluster(nodes=4, replication=3, auth={"client_tokens": tokens})
+    for n in cluster.nodes:
+        await wait_until(lambda n=n: leads(http, cluster, n, n), timeout_s=30, what=f"{n} leads")
+    url = cluster.config.node("n1").url
+    as_admin = {"Authorization": f"Bearer {admin}"}
+    as_writer = {"Authorization": f"Bearer {writer}"}
+    for q in ("jobs-a", "other-a"):
+        async with http.put(f"{url}/v1/queues/{q}", headers=as_admin) as r:
+            assert r.status == 201
+    await restart_leading_nothing(cluster, http, "n1")
+    served: Counter[str] = Counter()
+    deadline = time.monotonic() + 60
+    while not await leads(http, cluster, "n1", "n1") and time.monotonic() < deadline:
+        async with http.post(f"{url}/v1/queues/jobs-a/messages", data=b"x", headers=as_writer) as r:
+            assert r.status == 201, await r.text()
+            served[r.headers.get(SERVED_BY_HEADER, "n1")] += 1
+        async with http.post(
+            f"{url}/v1/queues/other-a/messages", data=b"x", headers=as_writer
+        ) as r:
+            assert r.status == 403, await r.text()  # no right there, relayed or not
+        async with http.get(f"{url}/v1/queues", headers=as_writer) as r:
+            assert r.status == 200
+            assert (await r.json())["queues"] == ["jobs-a"]  # the leader filtered by the token
+            served[r.headers.get(SERVED_BY_HEADER, "n1")] += 1
+        async with http.post(f"{url}/v1/queues/jobs-a/messages", data=b"x") as r:
+            assert r.status == 401
+    assert sum(c for n, c in served.items() if n != "n1") > 0, served
