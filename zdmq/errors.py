@@ -234,9 +234,16 @@ class NodeUnavailable(ZdmqError):
     status = 503
     code = "node_unavailable"
     retriable = True
-    # True when the call was never sent (nothing listened): safe to send again even when
+    # True when the call surely did not run (nothing listened; a node refused it before
+    # it ran, saying so on the wire with `"unsent": true`): safe to send again even when
     # running it twice would not be (a pop).
     unsent = False
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = super().to_wire()
+        if self.unsent:
+            wire["error"]["unsent"] = True
+        return wire
 
 
 class StorageFailed(ZdmqError):
@@ -299,6 +306,11 @@ def from_wire(status: int, payload: Any) -> ZdmqError:
     if cls is PublishIncomplete:
         failed = payload["error"].get("failed")
         return PublishIncomplete(message, failed=failed if isinstance(failed, list) else [])
+    if cls is NodeUnavailable:
+        unavailable = NodeUnavailable(message)
+        wire = payload.get("error") if isinstance(payload, dict) else None
+        unavailable.unsent = isinstance(wire, dict) and wire.get("unsent") is True
+        return unavailable
     if cls is NotLeader:
         err = payload["error"]
         group, leader = err.get("group"), err.get("leader")

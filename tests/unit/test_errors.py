@@ -121,3 +121,17 @@ def test_subclasses_keep_their_parents_status() -> None:
         cls = getattr(errors, name)
         assert issubclass(cls, BadRequest)
         assert cls.status == 400
+
+
+def test_a_refusal_that_did_nothing_says_so_on_the_wire_and_comes_back_unsent() -> None:
+    refused = NodeUnavailable("the node is stopping")
+    refused.unsent = True
+    wire = refused.to_wire()
+    assert wire["error"]["unsent"] is True
+    got = from_wire(503, wire)
+    assert isinstance(got, NodeUnavailable) and got.unsent
+    # An unknown outcome says nothing of it, and reads back as possibly run.
+    unknown = NodeUnavailable("timed out")
+    assert "unsent" not in unknown.to_wire()["error"]
+    assert not from_wire(503, unknown.to_wire()).unsent  # type: ignore[attr-defined]
+    assert not from_wire(503, None).unsent  # type: ignore[attr-defined]
