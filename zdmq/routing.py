@@ -46,15 +46,20 @@ def group_members(node_ids: Sequence[str], replication: int) -> dict[str, tuple[
 class GroupRouter:
     """Finds a group's leader for a call: the leader last heard of (`known(group)`, the
     caller's own knowledge if it is a member, else the last 421's hint), then the other
-    members in ring order."""
+    members in ring order; members that did not answer lately (a timeout here, or
+    `silent(node)`) last."""
 
     def __init__(
         self,
         members: Mapping[str, Sequence[str]],
         known: Callable[[str], str | None] | None = None,
+        silent: Callable[[str], bool] | None = None,
     ) -> None:
         self.members = members
         self._known = known
+        # A node's own view of which members stopped answering (its Raft traffic): they
+        # are tried last, before a call waits out their timeout.
+        self._silent = silent
         self._hints: dict[str, str] = {}
         self._suspect: dict[str, float] = {}  # member -> until when it is tried last
 
@@ -73,7 +78,11 @@ class GroupRouter:
             for node, until in list(self._suspect.items()):
                 if until <= now:
                     del self._suspect[node]
-            order.sort(key=lambda n: n in self._suspect)  # stable: the rest keep their order
+        silent = self._silent
+        if self._suspect or silent is not None:
+            suspect = self._suspect
+            # Stable: the rest keep their order.
+            order.sort(key=lambda n: n in suspect or (silent is not None and silent(n)))
         return order
 
     async def call(
@@ -97,10 +106,15 @@ class GroupRouter:
                 result = await send(target)
             except NotLeader as e:
                 last = e
-                if e.leader is not None and e.leader in self.members[group]:
-                    self._hints[group] = e.leader
-                    tried.discard(e.leader)
-                else:  # an election is running: wait for it
+                hint = e.leader
+                if hint is not None and hint in self.members[group] and hint != target:
+                    if hint in tried:  # sent back where it was refused: leadership moves
+                        await asyncio.sleep(BACKOFF_S[attempt])
+                    self._hints[group] = hint
+                    tried.discard(hint)
+                else:  # an election is running, or a hand-over: wait for it
+                    if hint == target:
+                        tried.discard(hint)
                     await asyncio.sleep(BACKOFF_S[attempt])
             except NodeUnavailable as e:
                 last = e

@@ -78,6 +78,8 @@ ELECTION_TICKS = 10
 LEADER_WAIT_S = 3.0
 # A leader not heard from for this many ticks (5 heartbeats) is not sent calls to.
 LIVE_TICKS = ELECTION_TICKS // 2
+# A member whose Raft payload went unanswered this long is called last (routing.py).
+SILENT_S = LIVE_TICKS * TICK_S
 # Raft messages to one peer travel in payloads of up to this many bytes (past the first).
 PAYLOAD_BYTES = 4 << 20
 _INDEX_TERM = re.compile(r"([0-9]+)-([0-9]+)")
@@ -129,7 +131,7 @@ class Member:
         self._raft_pool = node_pool(config, secret, node_id, timeout_s=1.0, limit_per_host=4)
         # Calls to other groups find their leaders: this member's own knowledge of the
         # groups it is in, 421 hints for the others.
-        self.router = GroupRouter(self.members, self._leader_of)
+        self.router = GroupRouter(self.members, self._leader_of, self.silent)
         self.store: RaftLogStore | None = None
         self.raft: RaftHost | None = None
         #: Per group: snapshots of its state this member began to send (for metrics).
@@ -357,8 +359,8 @@ class Member:
             raise self.not_leader(group, e.leader) from None
         try:
             return await proposed
-        except RaftNotCommitted:
-            raise self.not_leader(group) from None
+        except RaftNotCommitted as e:  # e.leader: the leader, or the member handed to
+            raise self.not_leader(group, e.leader) from None
         except RaftNotLeader:
             raise NodeUnavailable(
                 f"group {group} changed leader before this call committed: it may still take effect"
@@ -379,6 +381,10 @@ class Member:
         if self.raft is not None and group in self.nodes:
             return self.raft.leader(group)[0]
         return None
+
+    def silent(self, node: str) -> bool:
+        """Whether `node` stopped answering this node's Raft traffic (paused, cut off)."""
+        return self.raft is not None and self.raft.peer_silent(node, SILENT_S)
 
     def live_leader(self, group: str) -> str | None:
         """The leader of `group` (one of this member's) it heard from in the last

@@ -1,0 +1,67 @@
+"""GroupRouter, the search for a group's leader the client and the nodes share: fed
+scripted replies (no sockets), it must follow hints, wait out elections and hand-overs,
+and give up after its bound."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from zdmq import routing
+from zdmq.errors import NodeUnavailable, NotLeader
+from zdmq.routing import GroupRouter, group_members
+
+MEMBERS = group_members(["n1", "n2", "n3", "n4"], 3)
+
+
+def scripted(replies: dict[str, list[str | None]]) -> tuple[Callable[[str], object], list[str]]:
+    """send(node): pops that node's next reply: "ok", "down", or a leader hint (421)."""
+    sent: list[str] = []
+
+    async def send(node: str) -> str:
+        sent.append(node)
+        reply = replies[node].pop(0) if replies[node] else "ok"
+        if reply == "ok":
+            return node
+        if reply == "down":
+            err = NodeUnavailable(f"{node} down")
+            err.unsent = True
+            raise err
+        raise NotLeader(f"{node} does not lead", group="n1", leader=reply)
+
+    return send, sent
+
+
+async def test_a_hint_is_followed_at_once() -> None:
+    send, sent = scripted({"n1": ["n2"], "n2": [], "n3": []})
+    assert await GroupRouter(MEMBERS).call("n1", send) == "n2"
+    assert sent == ["n1", "n2"]
+
+
+async def test_a_leader_handing_over_is_asked_again_after_a_pause_not_spun_on() -> None:
+    # n2 still leads but hands over (it names itself); n3 does not lead yet (names n2).
+    send, sent = scripted({"n1": ["n2"], "n2": ["n2", "n2", "n2"], "n3": ["n2", "n2"]})
+    t0 = time.monotonic()
+    assert await GroupRouter(MEMBERS).call("n1", send) in ("n2", "n3")
+    assert time.monotonic() - t0 >= 0.1  # it paused between the refusals
+    assert len(sent) <= 8
+
+
+async def test_hints_that_go_round_in_a_circle_give_an_election_time() -> None:
+    # n1 names n2, n2 names n1, for a while: a hand-over in flight between them.
+    send, _ = scripted({"n1": ["n2", "n2", "n2"], "n2": ["n1", "n1", "n1"], "n3": ["n1"] * 3})
+    t0 = time.monotonic()
+    await GroupRouter(MEMBERS).call("n1", send)
+    assert time.monotonic() - t0 >= 0.15
+
+
+async def test_it_gives_up_with_the_last_refusal_after_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(routing, "BACKOFF_S", (0.001,) * routing.ATTEMPTS)
+    send, sent = scripted({n: ["n2"] * 20 for n in ("n1", "n2", "n3")})
+    with pytest.raises(NotLeader):
+        await GroupRouter(MEMBERS).call("n1", send)
+    assert len(sent) == 9
