@@ -277,7 +277,7 @@ class LocalCluster:
     def stop(self, timeout_s: float = 10.0) -> None:
         for n in self.nodes.values():
             n.signal(signal.SIGCONT)
-            n.signal(signal.SIGTERM)
+            n.signal(signal.SIGINT)  # every node at once: no hand-over (nobody would take it)
         for n in self.nodes.values():
             n.wait(timeout_s)
 

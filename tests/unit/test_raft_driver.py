@@ -534,6 +534,26 @@ async def test_a_deposed_leaders_overwritten_proposal_fails_as_not_committed(
         assert c.datas("n0", "n0") == [b"first", b"majority"]
 
 
+async def test_a_member_handing_over_leads_nothing_and_is_not_handed_its_group_back(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        await propose_on_leader(c, "n0", b"first")
+        assert await c.hosts["n0"].hand_over(WAIT_S)
+        assert c.leader_of("n0") in ("n1", "n2")
+        assert not any(c.hosts["n0"].is_leader(g) for g in c.member_groups("n0"))
+        # The group serves on at once under its new leader, and its preferred leader,
+        # which is leaving, is not handed it back (the others try every few ticks).
+        await propose_on_leader(c, "n0", b"after")
+        won = c.hosts["n0"].counters["elections_won"]
+        ticked = c.hosts["n1"]._ticked
+        await until(lambda: c.hosts["n1"]._ticked >= ticked + 20, "20 more ticks")
+        assert c.hosts["n0"].counters["elections_won"] == won
+        assert c.leader_of("n0") in ("n1", "n2")
+        assert c.datas("n1", "n0") == [b"first", b"after"]
+
+
 def last(c: Cluster, node: str) -> int:
     """The last index of `node`'s log of group n0, committed or not."""
     return c.hosts[node]._cores["n0"].log.last_index()

@@ -389,6 +389,11 @@ class RaftCore:
         self.told = told
 
     @property
+    def transferee(self) -> str | None:
+        """The member this leader is handing leadership to, if any."""
+        return self._transferee
+
+    @property
     def leader_silent_ticks(self) -> int:
         """Ticks since this member last heard from the leader it follows (0 as leader)."""
         return 0 if self.role is Role.LEADER else self._election_elapsed

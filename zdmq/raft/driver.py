@@ -443,12 +443,17 @@ class SnapshotHooks(Protocol):
 class _Peer:
     """A peer's outgoing messages: packed, waiting for the send in flight to end."""
 
-    __slots__ = ("queue", "queued_bytes", "task")
+    __slots__ = ("failed_at", "ok_at", "queue", "queued_bytes", "sending_since", "task")
 
     def __init__(self) -> None:
         self.queue: list[bytes] = []
         self.queued_bytes = 0
         self.task: asyncio.Task[None] | None = None
+        # When the send in flight began (None: none), the last send that failed, the
+        # last that was answered (monotonic seconds).
+        self.sending_since: float | None = None
+        self.failed_at = 0.0
+        self.ok_at = 0.0
 
 
 def _at_or_below(upto: int, index: int, _until: int) -> bool:
@@ -598,6 +603,8 @@ class RaftHost:
         self._answering: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._answering_next: dict[str, list[asyncio.Future[bytes | None]]] = {}
         self._wake: asyncio.Event | None = None
+        # Set by `hand_over`: every group led here is handed to another member.
+        self._leaving = False
         self._pump_task: asyncio.Task[None] | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self.running = False
@@ -826,6 +833,36 @@ class RaftHost:
                 self.counters["payloads_answered"] += 1
                 self.counters["messages_sent"] += n
 
+    async def hand_over(self, timeout_s: float) -> bool:
+        """Hands every group this member leads to another member (the most caught-up of
+        those it hears from, its preferred leader first), for a graceful stop: waits
+        until it leads none, up to `timeout_s`; whether it got there. The groups keep
+        serving throughout: no election timeout to wait out."""
+        self._leaving = True
+        self._wakeup()
+        deadline = time.monotonic() + timeout_s
+        while any(c.role is Role.LEADER for c in self._cores.values()):
+            if time.monotonic() >= deadline or not self.running:
+                return False
+            await asyncio.sleep(self.tick_s / 4)
+        return True
+
+    def _hand_over_all(self) -> None:
+        for gid, core in self._cores.items():
+            if core.role is not Role.LEADER or core.transferee is not None:
+                continue
+            pref = self.preferred[gid]
+            heard = [
+                (pr.match, p == pref, p)
+                for p, pr in core.progress.items()
+                if p != self.node_id and pr.active and p not in core.probation
+            ]
+            if heard:
+                to = max(heard)[2]
+                log.info("%s hands group %s to %s: it is stopping", self.node_id, gid, to)
+                core.transfer_leadership(to)
+                self.counters["transfers"] += 1
+
     def _wakeup(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -870,6 +907,16 @@ class RaftHost:
 
     def is_leader(self, group: str) -> bool:
         return self._core(group).role is Role.LEADER
+
+    def peer_silent(self, peer: str, after_s: float) -> bool:
+        """Whether `peer` stopped answering this node's Raft traffic: a payload to it
+        unanswered for over `after_s`, or the last one failed. (False for a peer this
+        node sends nothing to: it cannot tell.)"""
+        p = self._peers.get(peer)
+        if p is None:
+            return False
+        since = p.sending_since
+        return (since is not None and time.monotonic() - since > after_s) or p.failed_at > p.ok_at
 
     def live_leader(self, group: str, within_ticks: int) -> str | None:
         """The leader this member knows of, if it heard from it in the last
@@ -1073,6 +1120,8 @@ class RaftHost:
             if book.identities.get(m.src) != identity:
                 self._seen(m.src, identity)
             core = cores[gid]
+            if m.type is MsgType.TIMEOUT_NOW and self._leaving:
+                continue  # a member that is stopping takes no leadership handed to it
             if m.src in core.probation and m.type is MsgType.APPEND_RESP and not m.reject:
                 self._maybe_lift(gid, core, m)
             core.step(m)
@@ -1089,6 +1138,8 @@ class RaftHost:
                 continue
             self.counters["proposals"] += 1
             self._pending[p.group][index] = (core.term, p.future)
+        if self._leaving:
+            self._hand_over_all()
         # The ticks that passed while a round ran count up to half an election timeout:
         # more at once, with no message between them, would look like silence (a
         # leader's CheckQuorum round with nobody heard from, a follower's timeout) when
@@ -1486,15 +1537,20 @@ class RaftHost:
         try:
             while peer.queue and self.running:
                 payload, n = self._take_payload(pid, peer)
+                peer.sending_since = time.monotonic()
                 try:
                     answer = await self._send(pid, payload)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
+                    peer.failed_at = time.monotonic()
                     self.counters["send_failures"] += 1
                     self.counters["messages_dropped"] += n
                     log.debug("raft send %s -> %s failed: %r", self.node_id, pid, e)
                     continue
+                finally:
+                    peer.sending_since = None
+                peer.ok_at = time.monotonic()
                 self.counters["payloads_sent"] += 1
                 self.counters["messages_sent"] += n
                 if answer and self.running:

@@ -112,7 +112,7 @@ from zdmq.server.replicas import (
 )
 from zdmq.server.storage import open_storage
 
-__all__ = ["NODE", "make_app"]
+__all__ = ["HAND_OVER", "NODE", "make_app"]
 
 log = logging.getLogger("zdmq.http")
 
@@ -121,6 +121,10 @@ MEMBER = "member"
 BACKUPS = "backups"
 CONFIG = "config"
 METRICS = "metrics"
+# Set (True) for a graceful stop: the node hands the groups it leads over first, waiting
+# up to HAND_OVER_S for them to take another leader.
+HAND_OVER = "hand_over"
+HAND_OVER_S = 3.0
 # `ZDMQ_METRICS=off` in a node's environment: no metrics kept, /metrics answers 404.
 METRICS_ENV = "ZDMQ_METRICS"
 ID_HEADER = "zdmq-id"
@@ -1844,6 +1848,7 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         served = [node]
         app[NODE] = node
     app[MEMBER] = member
+    app[HAND_OVER] = False
     relay = Relay(config, member) if member is not None else None
     app[BACKUPS] = BackupCopies(config.node_data_dir(node_id) / "backups")
     sampler = cluster_status.RateSampler(
@@ -1897,7 +1902,15 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         else:
             await served[0].stop()
 
+    async def shutdown(app: App) -> None:
+        # A graceful stop hands this node's groups over first: they keep serving, with
+        # no election timeout to wait out (kill -9 has no such step).
+        raft = member.raft if member is not None and app[HAND_OVER] else None
+        if raft is not None and not await raft.hand_over(HAND_OVER_S):
+            log.warning("%s still leads a group after %g s; stopping", node_id, HAND_OVER_S)
+
     app.on_startup.append(startup)
+    app.on_shutdown.append(shutdown)
     app.on_cleanup.append(cleanup)
     # A flood of refused calls logs at most 10 lines per 10 s (and how many it left out).
     refusals = RateLimitedLog(log, burst=10, period_s=10.0)

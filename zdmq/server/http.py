@@ -194,6 +194,8 @@ class App:
         self._matched: dict[str, tuple[dict[str, Handler], dict[str, str], str]] = {}
         self.on_startup: list[Callable[[App], Awaitable[None]]] = []
         self.on_cleanup: list[Callable[[App], Awaitable[None]]] = []
+        # Run once a stop is asked for, while the node still serves (a graceful hand-over).
+        self.on_shutdown: list[Callable[[App], Awaitable[None]]] = []
         #: Called after each reply is written: (route pattern, method, status, seconds).
         self.observe: Callable[[str, str, int, float], None] | None = None
         #: Called as the server starts, with a function that counts its open connections.
@@ -599,7 +601,9 @@ class _HttpProtocol(asyncio.Protocol):
             rid = new_request_id()
         request_id.set(rid)
         if server.stopping:  # no new work once the node is stopping
-            resp = error_response(NodeUnavailable("the node is stopping"))
+            stopping = NodeUnavailable("the node is stopping: nothing was done")
+            stopping.unsent = True  # a router sends it to another member, even a pop
+            resp = error_response(stopping)
         else:
             try:
                 resp = await self.app.resolve(req)(req)
@@ -780,7 +784,8 @@ async def serve_app(
     ssl: Any = None,
 ) -> None:
     """Runs `app` on the listening socket `sock` until `stop` is set: startup hooks,
-    serve, then stop accepting, let running handlers finish (up to
+    serve, then shutdown hooks (still serving), stop accepting, let running handlers
+    finish (up to
     `shutdown_timeout_s`), close every connection, cleanup hooks. `ssl`: an
     `ssl.SSLContext` to serve HTTPS with."""
     for hook in app.on_startup:
@@ -803,6 +808,8 @@ async def serve_app(
         if ready is not None:
             ready()
         await stop.wait()
+        for hook in app.on_shutdown:
+            await hook(app)
     finally:
         server_state.stopping = True
         server.close()

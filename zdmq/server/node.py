@@ -1135,7 +1135,8 @@ class Node:
                 last_housekeeping = now
             try:
                 if self.leading:  # a follower's state changes only by its group's log
-                    await self.monitor_once(now, housekeeping)
+                    with _unless_deposed():  # handing over, or deposed mid-round
+                        await self.monitor_once(now, housekeeping)
             except asyncio.CancelledError:
                 raise
             except Exception:  # keep monitoring whatever one round hit

@@ -18,7 +18,7 @@ from typing import Any
 
 from zdmq.config import ClusterConfig
 from zdmq.logs import setup_logging
-from zdmq.server.app import make_app
+from zdmq.server.app import HAND_OVER, make_app
 from zdmq.server.heap import Heap
 from zdmq.server.http import serve_app
 
@@ -48,8 +48,16 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
     sock.setblocking(False)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    # SIGTERM (a service manager, a rolling restart) stops gracefully: the replica groups
+    # this node leads are handed over first. SIGINT (Ctrl-C, `zdmq up` stopping every
+    # node at once, where nobody would take them) stops at once.
+
+    def graceful() -> None:
+        app[HAND_OVER] = True
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, graceful)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
 
     def ready() -> None:
         _tune_gc()
