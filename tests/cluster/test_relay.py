@@ -255,3 +255,39 @@ async def test_a_relayed_call_is_checked_against_the_callers_own_token(
         async with http.post(f"{url}/v1/queues/jobs-a/messages", data=b"x") as r:
             assert r.status == 401
     assert sum(c for n, c in served.items() if n != "n1") > 0, served
+
+
+async def test_a_node_stopped_with_sigterm_hands_its_group_over_and_no_plain_call_fails(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    cluster = await replicated(make_cluster, http)
+    queue = unique("relay")
+    async with http.put(cluster.config.node("n2").url + f"/v1/queues/{queue}") as r:
+        assert r.status == 201
+    others = [Plain(http, cluster.config.node(n).url, queue) for n in ("n2", "n3", "n4")]
+    stop = asyncio.Event()
+
+    async def load(plain: Plain) -> None:
+        n = 0
+        while not stop.is_set():
+            await plain.round(n)
+            n += 1
+
+    loads = [asyncio.create_task(load(p)) for p in others]
+    try:
+        await asyncio.to_thread(cluster.stop_node, "n1")  # SIGTERM: a graceful stop
+        assert "hands group n1 to" in cluster.nodes["n1"].log_path.read_text()
+        proc = cluster.nodes["n1"]
+        proc.start()
+        await asyncio.to_thread(proc.wait_ready, 60)
+        await wait_until(lambda: leads(http, cluster, "n1", "n1"), timeout_s=30, what="n1 leads")
+    finally:
+        stop.set()
+        await asyncio.gather(*loads)
+    for plain in others:
+        assert plain.failures == [], plain.failures[:5]
+    pushed = set().union(*(p.pushed for p in others))
+    popped = [m for p in others for m in p.popped]
+    left = await drained(cluster, queue)
+    assert len(popped) == len(set(popped))
+    assert pushed <= set(popped) | set(left)

@@ -9,24 +9,24 @@ or leadership moved under load. And a node may stop leading the group a call is 
 while it serves it. Neither is the caller's business: the node relays the call, as it
 came (method, target, body, the caller's own credentials, which the leader checks
 again), to the leader of one of its groups, naming that group, and passes the reply
-back. One hop: the leader serves it or, if it has just lost the lead, answers 421,
-which the relay follows as the client does (routing.py), through hand-backs and
-elections.
+back. One hop: the leader serves it, or, if it has just lost the lead, answers 421, and
+the relay tries the next leader.
 
-Which group: the one the call failed on if this node hears from its leader, else the
-first of the node's groups (its own first) whose leader it heard from lately (a paused
-or cut-off leader falls silent within half an election timeout, and is passed over).
-While none has a leader (an election), the relay waits up to RELAY_WAIT_S for one; then,
-or when the router finds no leader either, the caller gets 503 `node_unavailable` with
-`Retry-After`.
+Which group: any of the node's groups serves a call that names none, so the relay takes
+the first (the group the call failed on, then the node's own, then the others) whose
+leader it heard from lately (a paused or cut-off leader falls silent within half an
+election timeout, and is passed over, as is a member that stopped answering this node's
+Raft traffic) and that has not refused this call. While none has (an election), it waits,
+up to RELAY_WAIT_S; then the caller gets 503 `node_unavailable` with `Retry-After` and
+`"unsent": true` (nothing was done).
 
 What may be sent twice. A relayed call that the leader may have run (it timed out on
-the way, or the leader lost the lead before the call's entry committed and cannot know
-its outcome) is not sent again, except a receive (a second lease of other messages
-only delays them) and reads: the caller gets the 503 and decides, as it would from the
-node that holds the queue. A node that lost the lead mid-call ran the call's steps up
-to the one its group refused; a call relayed then runs whole on the leader, so a batch
-push can store some of its messages twice (at-least-once), never none.
+the way, or the leader lost the lead before the call's entry committed and could not
+learn its outcome) is not sent again, except a receive (a second lease of other
+messages only delays them) and reads: the caller gets the 503 and decides, as it would
+from the node that holds the queue. A node that lost the lead mid-call ran the call's
+steps up to the one its group refused; a call relayed then runs whole on the leader, so
+a batch push can store some of its messages twice (at-least-once), never none.
 """
 
 from __future__ import annotations
@@ -117,87 +117,106 @@ class Relay:
 
     async def send(self, request: Request, failed: str | None) -> Response:
         """`request` served by a group's leader elsewhere; its reply, as it came."""
-        group = await self._group(failed)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         headers[RELAYED_HEADER] = self.member.id
         rid = request_id.get()
         if rid is not None:
             headers[REQUEST_ID_HEADER] = rid
-        headers[GROUP_HEADER] = group
         params = dict(parse_qsl(request.query_string, keep_blank_values=True))
         timeout_s = self.timeout_s + _wait_s(params)
-        body = request.body
-        member = self.member
-        pool = self.pool
-
-        served_by = ""
-
-        async def send(target: str) -> _http.Reply:
-            nonlocal served_by
-            served_by = target
-            url = member.urls[target]
-            try:
-                reply = await pool.request(
-                    request.method,
-                    url,
-                    request.path,
-                    data=body,
-                    headers=headers,
-                    params=params,
-                    timeout_s=timeout_s,
-                )
-            except ConnectionRefusedError as e:
-                err = NodeUnavailable(f"{target}: {type(e).__name__}: {e}")
-                err.unsent = True
-                raise err from None
-            except (TimeoutError, OSError, ConnectionError) as e:
-                raise NodeUnavailable(f"{target}: {type(e).__name__}: {e}") from None
-            if reply.status == NotLeader.status:
-                try:
-                    payload = _http.loads(reply.body) if reply.body else None
-                except ValueError:
-                    payload = None
-                refused = from_wire(reply.status, payload)
-                if isinstance(refused, NotLeader):
-                    raise refused  # the router follows its hint
-            return reply
-
         once = request.method not in ("GET", "HEAD") and request.route not in _AGAIN
         self.relayed += 1
-        try:
-            reply = await member.router.call(group, send, once=once)
-        except NotLeader as e:
-            self.no_leader += 1
-            raise NodeUnavailable(f"no leader of group {group} took the call: {e}") from None
-        out = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP_REPLY}
-        out[SERVED_BY_HEADER] = served_by
-        return Response(status=reply.status, body=reply.body or None, headers=out)
+        refused: set[tuple[str, str]] = set()  # (group, leader) that did not take it
+        deadline = time.monotonic() + RELAY_WAIT_S
+        idle = 0
+        while True:
+            pick = self._pick(failed, refused)
+            if pick is None:
+                if time.monotonic() >= deadline:
+                    self.no_leader += 1
+                    err = NodeUnavailable(
+                        f"{self.member.id}: no leader of its replica groups took the call "
+                        f"in {RELAY_WAIT_S:g} s (an election is running)"
+                    )
+                    err.unsent = True
+                    raise err
+                idle += 1
+                if idle % 10 == 0:  # leaders that refused may take it now (a hand-over ended)
+                    refused.clear()
+                await asyncio.sleep(0.05)
+                continue
+            group, leader = pick
+            headers[GROUP_HEADER] = group
+            try:
+                reply = await self._send(request, leader, headers, params, timeout_s)
+            except NotLeader:  # it has just lost the lead: another, or the next leader
+                refused.add(pick)
+                continue
+            except NodeUnavailable as e:
+                if once and not e.unsent:
+                    raise  # it may have run there: not sent twice
+                refused.add(pick)
+                continue
+            out = {k: v for k, v in reply.headers.items() if k.lower() not in _HOP_REPLY}
+            out[SERVED_BY_HEADER] = leader
+            return Response(status=reply.status, body=reply.body or None, headers=out)
 
-    async def _group(self, failed: str | None) -> str:
-        """The group to relay to: see the module docstring."""
+    async def _send(
+        self,
+        request: Request,
+        target: str,
+        headers: dict[str, str],
+        params: dict[str, str],
+        timeout_s: float,
+    ) -> _http.Reply:
+        """The call sent to `target`; NotLeader for its 421, NodeUnavailable when it did
+        not answer (`unsent` when nothing listened)."""
+        try:
+            reply = await self.pool.request(
+                request.method,
+                self.member.urls[target],
+                request.path,
+                data=request.body,
+                headers=headers,
+                params=params,
+                timeout_s=timeout_s,
+            )
+        except ConnectionRefusedError as e:
+            err = NodeUnavailable(f"{target}: {type(e).__name__}: {e}")
+            err.unsent = True
+            raise err from None
+        except (TimeoutError, OSError, ConnectionError) as e:
+            raise NodeUnavailable(f"{target}: {type(e).__name__}: {e}") from None
+        if reply.status == NotLeader.status:
+            try:
+                payload = _http.loads(reply.body) if reply.body else None
+            except ValueError:
+                payload = None
+            refusal = from_wire(reply.status, payload)
+            if isinstance(refusal, NotLeader):
+                raise refusal
+        return reply
+
+    def _pick(self, failed: str | None, refused: set[tuple[str, str]]) -> tuple[str, str] | None:
+        """A group of this node and its leader to relay to: the group the call failed on,
+        else the node's own, else another; a leader heard from lately, that has not
+        refused this call, and answers this node's Raft traffic. None while none has."""
         member = self.member
         order = list(member.groups)
-        if member.id in order:
-            order.remove(member.id)
-            order.insert(0, member.id)
-        if failed in order:
-            order.remove(failed)
-            order.insert(0, failed)
-        deadline = time.monotonic() + RELAY_WAIT_S
-        while True:
-            for g in order:
-                leader = member.live_leader(g)
-                if leader is not None and leader != member.id:
-                    return g
-                if leader == member.id and member.leads(g):
-                    return g  # leads it again: the leader serves it (itself)
-            if time.monotonic() >= deadline:
-                self.no_leader += 1
-                raise NodeUnavailable(
-                    f"{member.id}: none of its replica groups has a leader "
-                    f"after {RELAY_WAIT_S:g} s (an election is running)"
-                )
-            await asyncio.sleep(0.05)
+        for first in (member.id, failed):
+            if first in order:
+                order.remove(first)
+                order.insert(0, first)
+        for g in order:
+            leader = member.live_leader(g)
+            if leader is None or (g, leader) in refused:
+                continue
+            if leader == member.id and not member.leads(g):
+                continue
+            if leader != member.id and member.silent(leader):
+                continue
+            return g, leader
+        return None
 
 
 def _wait_s(params: dict[str, str]) -> float:
