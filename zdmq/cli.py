@@ -210,13 +210,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Every client this command makes takes it (the demo's, Spark's tasks').
         os.environ[TOKEN_ENV] = args.token
     try:
-        config = ClusterConfig.load(args.config)
         if args.command == "node":
-            from zdmq.server.run import run_node
+            from zdmq.server.run import node_main
 
-            config.node(args.node)
-            run_node(config, args.node, listen_fd=args.listen_fd, log_format=args.log_format)
+            node_main(args.config, args.node, listen_fd=args.listen_fd, log_format=args.log_format)
             return 0
+        config = ClusterConfig.load(args.config)
         if args.command == "up":
             return _up(args.config)
         if args.command == "restore":

@@ -1,7 +1,8 @@
 """Start, stop, kill, pause and restart node processes on this host.
 
 Used by `zdmq up`, `zdmq demo` and the test harness. Each node is a real
-`python -m zdmq.server` process; readiness is its `READY` line on stdout, never a
+`python -m zdmq.server` process; readiness is its readiness line on stdout (`READY ...`,
+or a JSON object under JSON logs: `zdmq.logs.parse_ready_line` reads both), never a
 sleep. `LocalCluster.ephemeral` binds every node's listening socket on 127.0.0.1:0
 here, writes a cluster file with the ports the kernel chose, and hands each socket
 down to its node (`--listen-fd`), so there is no window in which a port could be taken.
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -35,9 +37,12 @@ from typing import Any
 import yaml
 
 from zdmq.config import ClusterConfig
+from zdmq.logs import parse_ready_line
 from zdmq.routing import group_members
 
 __all__ = ["LocalCluster", "NodeProcess"]
+
+STDOUT_LINES_KEPT = 100  # of each node's stdout, across its restarts
 
 
 class NodeProcess:
@@ -49,6 +54,8 @@ class NodeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready = threading.Event()
         self.url: str | None = None
+        # The last lines the node printed on stdout (its readiness line, nothing else).
+        self.stdout_lines: deque[str] = deque(maxlen=STDOUT_LINES_KEPT)
         self._reader: threading.Thread | None = None
 
     def start(self) -> None:
@@ -74,9 +81,10 @@ class NodeProcess:
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").strip()
-            if line.startswith("READY "):
-                parts = line.split()
-                self.url = parts[2] if len(parts) > 2 else None
+            self.stdout_lines.append(line)
+            ready = parse_ready_line(line)
+            if ready is not None:
+                self.url = ready[1]
                 self.ready.set()
         proc.stdout.close()
 
@@ -118,13 +126,18 @@ class NodeProcess:
             self.proc.send_signal(sig)
 
     def wait(self, timeout_s: float) -> int | None:
+        """Waits for the process to exit (killing it after `timeout_s`), and for what it
+        printed on stdout to be read."""
         if self.proc is None:
             return None
         try:
-            return self.proc.wait(timeout_s)
+            code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait(timeout_s)
+            code = self.proc.wait(timeout_s)
+        if self._reader is not None:
+            self._reader.join(timeout_s)
+        return code
 
 
 class LocalCluster:

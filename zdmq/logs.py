@@ -4,7 +4,9 @@ A node logs to stderr in one of two formats (`--log-format`, or `$ZDMQ_LOG_FORMA
 `text` (the default: one readable line per record) or `json` (one JSON object per line,
 with `time`, `level`, `logger`, `message`, `node` and, where known, `group`,
 `request_id` and the record's own structured fields). docs/operations.md, "Logs", lists
-the fields and the events.
+the fields and the events. In `json` every line the node writes is one JSON object: the
+readiness line on stdout (`ready_line`; `parse_ready_line` reads either form), Python
+warnings, and the message of a fatal error (`exit_error`) too.
 
 The request id of the call a node is serving lives in a context variable: the node's
 HTTP server sets it for each request's task (from the `zdmq-request-id` header when it
@@ -34,7 +36,11 @@ __all__ = [
     "JsonFormatter",
     "RateLimitedLog",
     "TextFormatter",
+    "exit_error",
+    "json_logging",
     "new_request_id",
+    "parse_ready_line",
+    "ready_line",
     "request_id",
     "setup_logging",
     "valid_request_id",
@@ -128,9 +134,9 @@ class TextFormatter(logging.Formatter):
         return f"{head} [{extra}]{sep}{tail}"
 
 
-def setup_logging(node_id: str, log_format: str | None = None) -> None:
+def setup_logging(node_id: str, log_format: str | None = None) -> str:
     """Logs INFO and up to stderr in `log_format` (default: `$ZDMQ_LOG_FORMAT`, else
-    text)."""
+    text), Python's warnings included; returns the format chosen."""
     fmt = log_format or os.environ.get("ZDMQ_LOG_FORMAT") or "text"
     if fmt not in LOG_FORMATS:
         raise SystemExit(f"zdmq node: log format {fmt!r}: expected one of {LOG_FORMATS}")
@@ -141,6 +147,59 @@ def setup_logging(node_id: str, log_format: str | None = None) -> None:
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    logging.captureWarnings(True)  # else `warnings` writes plain text to stderr
+    return fmt
+
+
+def json_logging() -> bool:
+    """Whether this process logs JSON lines (`setup_logging` chose `json`)."""
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+
+
+READY = "READY"
+
+
+def ready_line(node_id: str, url: str) -> str:
+    """The line a node prints on stdout once it serves, which launchers wait for:
+    `READY <node> <url>`, or, when the node logs JSON, one JSON object shaped like its
+    log lines, with `event` "ready", `node` and `url`."""
+    if not json_logging():
+        return f"{READY} {node_id} {url}"
+    record = logging.LogRecord(
+        "zdmq.node", logging.INFO, __file__, 0, "%s %s %s", (READY, node_id, url), None
+    )
+    record.event = "ready"
+    record.url = url
+    return JsonFormatter(node_id).format(record)
+
+
+def parse_ready_line(line: str) -> tuple[str, str] | None:
+    """The node id and URL of a readiness line in either form (`ready_line`), or None
+    for any other line."""
+    line = line.strip()
+    if line.startswith(READY + " "):
+        parts = line.split()
+        return (parts[1], parts[2]) if len(parts) == 3 else None
+    if not line.startswith("{"):
+        return None
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("event") != "ready":
+        return None
+    node, url = obj.get("node"), obj.get("url")
+    return (node, url) if isinstance(node, str) and isinstance(url, str) else None
+
+
+def exit_error(message: str) -> SystemExit:
+    """What a node raises to stop on a fatal error: under JSON logs the message is logged
+    as one CRITICAL object (`event` "exit") and the process exits with status 1; else
+    Python prints the message to stderr as it is and exits with status 1."""
+    if not json_logging():
+        return SystemExit(message)
+    logging.getLogger("zdmq.node").critical("%s", message, extra={"event": "exit"})
+    return SystemExit(1)
 
 
 class RateLimitedLog:

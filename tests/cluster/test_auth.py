@@ -33,11 +33,15 @@ from zdmq.server.app import make_app
 ADMIN = "admin-token-0123456789abcdef"
 ORDERS = "orders-token-0123456789abcdef"  # read and write on orders-*, from the environment
 READER = "reader-token-0123456789abcdef"  # read on orders-*
+TOPICS = "topics-token-0123456789abcdef"  # admin on orders-t* (topics), nothing on orders-q*
+PUBLISHER = "publisher-token-0123456789abcdef"  # write on orders-t* (topics) only
 ORDERS_ENV = "ZDMQ_TEST_ORDERS_TOKEN"
 TOKENS = [
     {"name": "admin", "token": ADMIN, "rights": {"": ["admin"]}},
     {"token_env": ORDERS_ENV, "rights": {"orders-": ["read", "write"]}},
     {"name": "reader", "token": READER, "rights": {"orders-": ["read"]}},
+    {"name": "topics", "token": TOPICS, "rights": {"orders-t": ["admin"]}},
+    {"name": "publisher", "token": PUBLISHER, "rights": {"orders-t": ["write"]}},
 ]
 NEEDS_A_BODY = {"/batch", "/ack", "/nack", "/extend"}
 
@@ -113,6 +117,20 @@ def _is_error(payload: Any, code: str) -> bool:
         and payload["error"]["code"] == code
         and bool(payload["error"]["message"])
     )
+
+
+async def _send(
+    http: aiohttp.ClientSession, url: str, method: str, path: str, token: str, body: Any = None
+) -> tuple[int, Any]:
+    """A call with `token`: its status and JSON reply (None for none). `body` is bytes as
+    they are, or JSON; a 403 must be the `forbidden` error."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {token}"}
+    async with http.request(method, url + path, headers=headers, data=data) as r:
+        payload = await r.json() if r.content_type == "application/json" else None
+        if r.status == 403:
+            assert _is_error(payload, "forbidden"), payload
+        return r.status, payload
 
 
 # ---- node to node ----------------------------------------------------------------------------
@@ -309,6 +327,18 @@ async def test_a_token_is_403_without_the_right_and_works_with_it(
     ):
         assert await status(method, path, ORDERS) == 403
     assert await status("DELETE", f"/v1/queues/{orders}", ORDERS) == 403
+    # The metadata list is read's; cancelling a message is write's (it is a producer's
+    # take-back, as a push is).
+    assert await status("GET", f"/v1/queues/{orders}/metadata", READER) == 200
+    assert await status("GET", f"/v1/queues/{other}/metadata", ORDERS) == 403
+    pushed, reply = await _send(http, url, "POST", f"/v1/queues/{orders}/messages", ORDERS, b"c")
+    assert pushed == 201
+    cancel = f"/v1/queues/{orders}/messages/{reply['id']}"
+    assert await status("DELETE", cancel, READER) == 403
+    assert await status("DELETE", cancel, ORDERS) == 204
+    # The cluster's layout and status are any valid token's.
+    for path in ("/v1/cluster", "/v1/status"):
+        assert await status("GET", path, READER) == 200
     # A token lists the queues it has a right on.
     async with http.get(url + "/v1/queues", headers=bearer(READER)) as r:
         listed = (await r.json())["queues"]
@@ -425,3 +455,91 @@ async def test_topic_routes_need_rights_on_the_topic_and_on_every_queue_they_rea
     assert await status("DELETE", f"/v1/topics/{topic}", ORDERS) == 403
     for t in (topic, other_topic):
         assert await status("DELETE", f"/v1/topics/{t}", ADMIN) == 204
+
+
+async def test_publishing_needs_write_on_the_topic_only_and_reaches_every_subscribed_queue(
+    tokens: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    # SNS's model: an admin's subscription authorises delivery into the queue, so a
+    # publisher needs no right on the queues the topic reaches.
+    topic, other_topic, queue = unique("orders-t"), unique("billing-t"), unique("billing-q")
+    url = tokens.urls[0]
+    for t in (topic, other_topic):
+        assert (await _send(http, url, "PUT", f"/v1/topics/{t}", ADMIN))[0] == 201
+    subscribed = await _send(
+        http, url, "POST", f"/v1/topics/{topic}/subscriptions", ADMIN, {"queue": queue}
+    )
+    assert subscribed[0] == 201
+    for url in tokens.urls:  # the topic's owner, and a node that forwards to it
+        assert (await _send(http, url, "POST", f"/v1/topics/{topic}/messages", PUBLISHER, b"m"))[
+            0
+        ] == 201
+        batch = {"messages": [{"body": "b1"}, {"body": "b2"}]}
+        assert (await _send(http, url, "POST", f"/v1/topics/{topic}/batch", PUBLISHER, batch))[
+            0
+        ] == 201
+        for path in (f"/v1/topics/{other_topic}/messages", f"/v1/queues/{queue}/messages"):
+            assert (await _send(http, url, "POST", path, PUBLISHER, b"m"))[0] == 403, path
+    _, stats = await _send(http, url, "GET", f"/v1/queues/{queue}", ADMIN)
+    assert stats["messages"] == 3 * len(tokens.urls)
+
+
+async def test_subscribing_and_unsubscribing_need_admin_on_the_queue_through_any_node(
+    tokens: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    # TOPICS is admin on the topic but has no right on `queue`: it may neither route
+    # messages into the queue (nor create it) nor purge it, whichever node it calls (the
+    # topic's owner, or one that forwards the call there with its node credential).
+    topic, queue, own = unique("orders-t"), unique("orders-q"), unique("orders-t")
+    url = tokens.urls[0]
+    sub = f"/v1/topics/{topic}/subscriptions"
+    assert (await _send(http, url, "PUT", f"/v1/topics/{topic}", TOPICS))[0] == 201
+    for url in tokens.urls:
+        assert (await _send(http, url, "POST", sub, TOPICS, {"queue": queue}))[0] == 403
+    _, got = await _send(http, url, "GET", f"/v1/topics/{topic}", ADMIN)
+    assert got["subscriptions"] == []
+    assert (await _send(http, url, "GET", f"/v1/queues/{queue}", ADMIN))[0] == 404  # not made
+    assert (await _send(http, url, "POST", sub, TOPICS, {"queue": own}))[0] == 201
+    assert (await _send(http, url, "POST", sub, ADMIN, {"queue": queue}))[0] == 201
+    for url in tokens.urls:
+        assert (await _send(http, url, "DELETE", f"{sub}/{queue}", TOPICS))[0] == 403
+    _, got = await _send(http, url, "GET", f"/v1/topics/{topic}", ADMIN)
+    assert got["subscriptions"] == [own, queue]
+    assert (await _send(http, url, "DELETE", f"{sub}/{own}", TOPICS))[0] == 200
+    assert (await _send(http, url, "DELETE", f"{sub}/{queue}", ADMIN))[0] == 200
+    assert (await _send(http, url, "DELETE", f"/v1/topics/{topic}", TOPICS))[0] == 204
+
+
+async def test_tied_messages_need_write_on_every_queue_to_push_and_to_cancel_through_any_node(
+    tokens: LocalCluster, http: aiohttp.ClientSession
+) -> None:
+    mine, mine2, theirs = unique("orders-q"), unique("orders-q"), unique("billing-q")
+    url = tokens.urls[0]
+    for q in (mine, mine2, theirs):
+        assert (await _send(http, url, "PUT", f"/v1/queues/{q}", ADMIN))[0] == 201
+
+    def copies(*queues: str) -> dict[str, Any]:
+        return {"messages": [{"queue": q, "body": "tied"} for q in queues]}
+
+    async def depth(q: str) -> int:
+        _, stats = await _send(http, url, "GET", f"/v1/queues/{q}", ADMIN)
+        return int(stats["messages"])
+
+    for url in tokens.urls:
+        assert (await _send(http, url, "POST", "/v1/tied", ORDERS, copies(mine, theirs)))[0] == 403
+    assert [await depth(q) for q in (mine, theirs)] == [0, 0]  # refused: nothing stored
+    status, ours = await _send(http, url, "POST", "/v1/tied", ORDERS, copies(mine, mine2))
+    assert status == 201
+    status, mixed = await _send(http, url, "POST", "/v1/tied", ADMIN, copies(mine, theirs))
+    assert status == 201
+    # Only the token's owner knows a tie's queues: a node that forwards a cancel there
+    # passes the caller's token on, and the owner checks it.
+    for url in tokens.urls:
+        assert (await _send(http, url, "DELETE", f"/v1/tied/{ours['token']}", READER))[0] == 403
+        assert (await _send(http, url, "DELETE", f"/v1/tied/{mixed['token']}", ORDERS))[0] == 403
+    assert [await depth(q) for q in (mine, mine2, theirs)] == [2, 1, 1]  # nothing cancelled
+    status, done = await _send(http, url, "DELETE", f"/v1/tied/{ours['token']}", ORDERS)
+    assert (status, done["cancelled"]) == (200, 2)
+    status, done = await _send(http, url, "DELETE", f"/v1/tied/{mixed['token']}", ADMIN)
+    assert (status, done["cancelled"]) == (200, 2)
+    assert [await depth(q) for q in (mine, mine2, theirs)] == [0, 0, 0]

@@ -149,7 +149,10 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def test_up_starts_every_node_and_stops_them_all_on_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_up_starts_every_node_and_stops_them_all_on_sigterm(
+    tmp_path: Path, log_format: str
+) -> None:
     for attempt in range(3):
         cfg = tmp_path / f"up{attempt}.yaml"
         nodes = [
@@ -162,7 +165,8 @@ def test_up_starts_every_node_and_stops_them_all_on_sigterm(tmp_path: Path) -> N
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # The nodes' log format: `up` waits for either form of their readiness line.
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "ZDMQ_LOG_FORMAT": log_format},
         )
         assert proc.stdout is not None
         lines = [proc.stdout.readline(), proc.stdout.readline()]

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from tests.helpers import unique, wait_until
 from tests.scrape import ELECTION_TIMEOUT_S, scrape, total, value
 from zdmq import Client
 from zdmq.local import LocalCluster
-from zdmq.logs import REQUEST_ID_HEADER
+from zdmq.logs import REQUEST_ID_HEADER, parse_ready_line
 
 
 async def test_metrics_count_a_replicated_workload_and_show_a_killed_leader_replaced(
@@ -135,7 +139,7 @@ def _json_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]  # every line: one JSON object
 
 
-async def test_json_logs_carry_request_ids_and_raft_events(
+async def test_json_logs_are_json_on_every_line_and_carry_request_ids_and_raft_events(
     tmp_path: Path, tls: dict[str, str], client_ssl: Any
 ) -> None:
     token = "metrics-test-token-0123456789"
@@ -211,6 +215,17 @@ async def test_json_logs_carry_request_ids_and_raft_events(
         logs = {n: _json_lines(cluster.nodes[n].log_path) for n in cluster.config.node_ids}
     finally:
         cluster.close()
+    # Everything each node wrote, on stderr (its log) and on stdout (its readiness line),
+    # from start to stop: every line one JSON object.
+    whole = {n: _json_lines(cluster.nodes[n].log_path) for n in cluster.config.node_ids}
+    for n, node in cluster.nodes.items():
+        events = {e.get("event") for e in whole[n]}
+        assert ("stopped" in events) == (n != "n1"), (n, events)  # n1 was killed -9
+        stdout = [json.loads(line) for line in node.stdout_lines]
+        assert [(e["event"], e["node"], e["url"]) for e in stdout] == [
+            ("ready", n, cluster.config.node(n).url)
+        ]
+        assert parse_ready_line(node.stdout_lines[0]) == (n, cluster.config.node(n).url)
     for n, entries in logs.items():
         for e in entries:
             assert {"time", "level", "logger", "message", "node"} <= e.keys(), e
@@ -229,6 +244,33 @@ async def test_json_logs_carry_request_ids_and_raft_events(
         changes = [e for e in logs[n] if e.get("event") == "leader_changed" and e["group"] == "n1"]
         assert changes[-1]["leader"] in ("n2", "n3"), changes
         assert changes[-1]["previous"] == "n1", changes
+
+
+def test_a_node_that_cannot_start_under_json_logs_says_why_in_a_json_line(
+    tmp_path: Path,
+) -> None:
+    # 192.0.2.0/24 is reserved for documentation: no host here has it.
+    raw: dict[str, Any] = {
+        "nodes": [{"id": "n1", "host": "192.0.2.1", "port": 7701}],
+        "replication": 1,
+        "data_dir": str(tmp_path / "data"),
+        "auth": {"client_tokens": [{"token": "t" * 32, "rights": {"": ["admin"]}}]},
+    }
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "ZDMQ_NODE_SECRET": "s" * 32}
+    why = {"n1": "cannot listen on 192.0.2.1", "n9": "zdmq node: "}  # n9: not in the file
+    for node, message in why.items():
+        argv = [sys.executable, "-m", "zdmq.server", "--config", str(path), "--node", node]
+        proc = subprocess.run(
+            [*argv, "--log-format", "json"], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stdout == ""
+        lines = [json.loads(line) for line in proc.stderr.splitlines()]
+        last = lines[-1]
+        assert (last["level"], last["event"], last["node"]) == ("CRITICAL", "exit", node), last
+        assert message in last["message"], last
 
 
 def _owner(cluster: LocalCluster, queue: str) -> str:

@@ -206,24 +206,36 @@ async def test_pop_hands_no_message_out_twice_across_a_leader_kill(
             acked += await c.push_many(q, [os.urandom(32) for _ in range(100)])
         popped: list[str] = []
         failed_pops = 0
+        poppers, per_pop = 2, 5
+        kill_at = len(acked) // 4  # popped when n2, a group's leader, is killed
+        reached = asyncio.Event()
+        popped_at_kill = -1
 
         async def popper() -> None:
             nonlocal failed_pops
             while True:
                 try:
-                    batch = await c.pop_many(q, 5)
+                    batch = await c.pop_many(q, per_pop)
                 except ZdmqError:
                     failed_pops += 1
                     continue
                 if not batch:
                     return
                 popped.extend(m.id for m in batch)
+                if len(popped) >= kill_at:
+                    reached.set()
 
-        async def kill_soon() -> None:
-            await asyncio.sleep(0.3)
+        async def kill_when_a_quarter_is_popped() -> None:
+            nonlocal popped_at_kill
+            await asyncio.wait_for(reached.wait(), timeout=30)
+            popped_at_kill = len(popped)  # and killed with no await between: no pop lands
             cluster.kill("n2")
 
-        await asyncio.gather(popper(), popper(), kill_soon())
+        await asyncio.gather(*(popper() for _ in range(poppers)), kill_when_a_quarter_is_popped())
+        # The kill landed while pops ran: more completed after it than the pops that
+        # were in flight at it could hold.
+        assert popped_at_kill >= kill_at
+        assert len(popped) - popped_at_kill > poppers * per_pop, (popped_at_kill, len(popped))
         await asyncio.to_thread(cluster.start_node, "n2")
         popped += await drain(c, q)
     assert len(popped) == len(set(popped)), "a message was handed out twice"

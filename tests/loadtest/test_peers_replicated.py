@@ -2,8 +2,15 @@
 in peers.json, and, when they are running here, a round trip through their drivers that checks
 every message comes back once and the queue is held by three servers in sync.
 
-CI installs no peers, so the round trips skip there, naming how to start the peers.
-The full contract check is loadtest/peers/check_drivers.py (the slow test runs it).
+The tests that need the peers running are marked `bench`, which the default run (and CI,
+which installs no peers) leaves out. To run them, start the peers, then select the marker:
+
+    sudo loadtest/peers/peers.sh install && loadtest/peers/peers.sh install-nats-pypi
+    loadtest/peers/peers.sh start nats-r3 rabbitmq-quorum3
+    .venv/bin/pytest tests/loadtest/test_peers_replicated.py -m bench
+
+Asked for while a peer is not running, each skips, saying how to start it. The full
+contract check is loadtest/peers/check_drivers.py (one of the bench tests runs it).
 """
 
 from __future__ import annotations
@@ -102,7 +109,7 @@ def test_a_cluster_peer_with_one_server_gone_is_skipped_by_the_bench(tmp_path: P
 def _running_row(peer: str) -> SystemSpec:
     row, client = REPLICATED[peer]
     pytest.importorskip(client, reason=f"{client} not installed: loadtest/peers/peers.sh install")
-    how = f"loadtest/peers/peers.sh start {peer} (CI installs no peers)"
+    how = f"loadtest/peers/peers.sh start {peer}"
     if not PEERS_JSON.exists():
         pytest.skip(f"no {PEERS_JSON}: {peer} not running; {how}")
     specs, _ = peer_systems(PEERS_JSON)
@@ -145,6 +152,7 @@ async def _round_trip(
     return seen, bodies, problems, left
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("peer", sorted(REPLICATED))
 def test_a_running_replicated_peer_delivers_each_message_once_from_three_servers(
     peer: str,
@@ -171,6 +179,7 @@ async def _replica_problems(spec: SystemSpec, copies: int) -> list[str]:
     return problems
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("peer", sorted(REPLICATED))
 def test_the_replica_check_fails_on_a_queue_with_two_copies(peer: str) -> None:
     spec = _running_row(peer)
@@ -178,7 +187,7 @@ def test_the_replica_check_fails_on_a_queue_with_two_copies(peer: str) -> None:
     assert problems and all("should be on 3 servers" in p for p in problems), problems
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 @pytest.mark.parametrize("peer", sorted(REPLICATED))
 def test_check_drivers_passes_on_a_running_replicated_peer(peer: str) -> None:
     row = _running_row(peer).name

@@ -3,8 +3,11 @@ removed, the exposition parsed back, request ids checked, JSON log lines."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,7 +15,10 @@ from zdmq.logs import (
     JsonFormatter,
     RateLimitedLog,
     TextFormatter,
+    exit_error,
     new_request_id,
+    parse_ready_line,
+    ready_line,
     request_id,
     valid_request_id,
 )
@@ -84,6 +90,60 @@ def test_json_lines_hold_the_node_the_request_id_and_the_record_fields() -> None
     assert got["time"].endswith("+00:00")
     text = TextFormatter("n2").format(_record("hello", event="campaign"))
     assert text.endswith("node=n2 zdmq.test: hello [event=campaign]")
+
+
+@contextmanager
+def _json_root_logger(node_id: str) -> Iterator[io.StringIO]:
+    """The root logger writes JSON lines (as `setup_logging("json")` makes it) into the
+    yielded buffer."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter(node_id))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield out
+    finally:
+        root.removeHandler(handler)
+
+
+def test_the_readiness_line_is_text_or_a_json_object_and_either_reads_back() -> None:
+    url = "http://127.0.0.1:7001"
+    assert ready_line("n1", url) == f"READY n1 {url}"
+    assert parse_ready_line(f"READY n1 {url}\n") == ("n1", url)
+    with _json_root_logger("n1"):
+        line = ready_line("n1", url)
+    got = json.loads(line)
+    assert (got["event"], got["node"], got["url"], got["level"]) == ("ready", "n1", url, "INFO")
+    assert got["message"] == f"READY n1 {url}"
+    assert parse_ready_line(line) == ("n1", url)
+    not_ready = [
+        "",
+        "READY",
+        "READY n1",
+        "READYn1 x",
+        '{"event": "start", "node": "n1", "url": "x"}',
+        '{"event": "ready", "node": "n1"}',
+        '{"event": "ready", "node": 1, "url": "x"}',
+        "{not json",
+        '["ready"]',
+    ]
+    for other in not_ready:
+        assert parse_ready_line(other) is None, other
+
+
+def test_a_fatal_error_is_a_plain_message_or_under_json_logs_a_json_line() -> None:
+    assert exit_error("zdmq node n1: cannot listen").code == "zdmq node n1: cannot listen"
+    with _json_root_logger("n1") as out:
+        e = exit_error("zdmq node n1: cannot listen")
+    assert e.code == 1
+    (line,) = out.getvalue().splitlines()
+    got = json.loads(line)
+    assert (got["level"], got["event"], got["message"]) == (
+        "CRITICAL",
+        "exit",
+        "zdmq node n1: cannot listen",
+    )
 
 
 def test_a_flood_of_warnings_is_cut_to_a_burst_and_the_next_line_counts_those_left_out() -> None:

@@ -32,8 +32,10 @@ from zdmq.raft import (
     Message,
     MsgType,
     RaftCore,
+    RaftLogError,
     Ready,
     Role,
+    SnapshotMeta,
     WritableStorage,
     sim,
     sqlite_storage,
@@ -131,18 +133,42 @@ def test_persist_writes_a_readys_entries_then_its_hard_state(disk: WritableStora
 
 def test_reads_and_writes_out_of_range_are_refused(disk: WritableStorage) -> None:
     disk.append(ents(1, 1, 1))
-    for bad in (
-        lambda: disk.term_at(3),
-        lambda: disk.term_at(-1),
-        lambda: disk.entries(0, 1),
-        lambda: disk.entries(1, 4),
-        lambda: disk.entries(3, 2),
-        lambda: disk.append(ents(4, 1)),  # a hole
-        lambda: disk.set_hard_state(HardState(1, None, 3)),  # commits past the log
-    ):
-        with pytest.raises(AssertionError):
+    refused: list[tuple[Callable[[], object], str]] = [
+        (lambda: disk.term_at(3), r"term_at\(3\): expected an index in 0\.\.2"),
+        (lambda: disk.term_at(-1), r"term_at\(-1\)"),
+        (lambda: disk.entries(0, 1), r"entries\(0, 1\): expected 1 <= lo <= hi <= 3"),
+        (lambda: disk.entries(1, 4), r"entries\(1, 4\)"),
+        (lambda: disk.entries(3, 2), r"entries\(3, 2\)"),
+        (
+            lambda: disk.append(ents(4, 1)),
+            r"entries from 4: expected the first index in 1\.\.3 .* no hole",
+        ),
+        (
+            lambda: disk.append([Entry(1, 2, None), Entry(1, 4, None)]),
+            "entries from 2: index 4 at position 1",
+        ),
+        (
+            lambda: disk.set_hard_state(HardState(1, None, 3)),
+            "commit index 3 is past the log's last entry 2",
+        ),
+        (
+            lambda: disk.persist(ready(ents(3, 2), HardState(2, None, 4))),
+            "commit index 4 is past the log's last entry 3",
+        ),
+        (lambda: disk.compact(1), r"compact\(1\): expected an index in 1\.\.0"),
+    ]
+    for bad, message in refused:
+        with pytest.raises(RaftLogError, match=message):
             bad()
     assert contents(disk) == (HardState(), ents(1, 1, 1))
+
+
+def test_a_snapshot_older_than_the_commit_index_is_refused(disk: WritableStorage) -> None:
+    disk.append(ents(1, 1, 1, 1))
+    disk.set_hard_state(HardState(1, None, 2))
+    with pytest.raises(RaftLogError, match="restore to 1: older than the commit index 2"):
+        disk.restore(SnapshotMeta(1, 1))
+    assert contents(disk) == (HardState(1, None, 2), ents(1, 1, 1, 1))
 
 
 def random_writes(rng: random.Random, disk: WritableStorage, n: int) -> Iterator[None]:
@@ -263,7 +289,10 @@ def test_a_failing_batch_rolls_back_every_group_in_memory_and_on_disk(tmp_path: 
     g1.append(ents(1, 1, 1, 1))
     g1.set_hard_state(HardState(1, "n0", 2))
     before = contents(g1)
-    with pytest.raises(AssertionError), store.batch():
+    with (
+        pytest.raises(RaftLogError, match=r"entries from 5: expected the first index in 1\.\.2 "),
+        store.batch(),
+    ):
         g1.persist(ready(ents(3, 2, 2, 2), HardState(2, None, 3)))
         g2.append(ents(1, 1))
         g2.append(ents(5, 1))  # a hole: refused, the whole batch with it
@@ -282,7 +311,9 @@ def test_a_batch_that_goes_on_after_a_failed_write_commits_none_of_it(tmp_path: 
     conn = store._conn
     with pytest.raises(RaftStorageFailed, match="rolled back"), store.batch():
         g1.append(ents(1, 1))
-        with pytest.raises(AssertionError):
+        with pytest.raises(
+            RaftLogError, match=r"entries from 2: expected the first index in 1\.\.1 "
+        ):
             g2.append(ents(2, 1))  # refused before it reaches SQLite: the batch goes on
         g2.append(ents(1, 1))
         (pages,) = conn.execute("PRAGMA page_count").fetchone()
@@ -331,10 +362,12 @@ def test_durability_sets_what_a_commit_waits_for(tmp_path: Path) -> None:
     off = RaftLogStore(tmp_path / "o.sqlite3", "os")
     assert (synchronous(full), journal(full)) == (2, "wal")  # FULL: the WAL fsynced per commit
     assert (synchronous(off), journal(off)) == (0, "wal")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="durability: expected fsync, os or memory"):
         RaftLogStore(tmp_path / "x.sqlite3", "fast")  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="durability 'fsync' needs a path"):
         RaftLogStore(None, "fsync")
+    with pytest.raises(ValueError, match="tail_entries: expected at least 1, got 0"):
+        RaftLogStore(None, "memory", tail_entries=0)
 
 
 def test_a_second_opener_of_the_file_is_refused(tmp_path: Path) -> None:

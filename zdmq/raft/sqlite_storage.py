@@ -62,12 +62,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from zdmq.raft.identity import PeerBook
-from zdmq.raft.storage import Entry, HardState, SnapshotMeta
+from zdmq.raft.storage import (
+    Entry,
+    HardState,
+    RaftLogError,
+    SnapshotMeta,
+    check_append,
+    check_commit,
+    check_compact,
+    check_restore,
+    entries_refused,
+    term_at_refused,
+)
 
 if TYPE_CHECKING:
     from zdmq.raft.core import Ready
 
-__all__ = ["Durability", "GroupLog", "RaftLogStore", "RaftStorageFailed"]
+__all__ = ["Durability", "GroupLog", "RaftLogError", "RaftLogStore", "RaftStorageFailed"]
 
 Durability = Literal["fsync", "os", "memory"]
 
@@ -141,7 +152,8 @@ class RaftLogStore:
             raise ValueError(f"durability: expected fsync, os or memory, got {durability!r}")
         if durability != "memory" and path is None:
             raise ValueError(f"durability {durability!r} needs a path")
-        assert tail_entries >= 1
+        if tail_entries < 1:
+            raise ValueError(f"tail_entries: expected at least 1, got {tail_entries}")
         self.path = None if durability == "memory" else Path(path)  # type: ignore[arg-type]
         self.durability: Durability = durability
         self.tail_entries = tail_entries
@@ -278,8 +290,8 @@ class RaftLogStore:
         Returns once the commit is durable (under `fsync`). An exception inside rolls
         back every write of the batch, in every group, at once; so does a write that fails
         in SQLite, and a batch that goes on after it raises `RaftStorageFailed` at its next
-        write and at its end. (A write refused before it reaches SQLite, with an
-        AssertionError, changes nothing and leaves the batch open.)
+        write and at its end. (A write the log refuses before it reaches SQLite, with
+        `RaftLogError`, changes nothing and leaves the batch open.)
         Batches nest: the outermost one commits.
         """
         with self._transaction():
@@ -428,7 +440,8 @@ class GroupLog:
 
     def term_at(self, index: int) -> int:
         snap = self._snap
-        assert snap.index <= index <= self._last, (index, snap, self._last)
+        if not snap.index <= index <= self._last:
+            raise term_at_refused(snap.index, self._last, index)
         if index >= self._tail_start:
             return self._tail[index - self._tail_start].term
         if index == snap.index:
@@ -436,7 +449,8 @@ class GroupLog:
         return self._run_terms[bisect.bisect_right(self._run_starts, index) - 1]
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
-        assert self._snap.index < lo <= hi <= self._last + 1, (lo, hi, self._snap)
+        if not self._snap.index < lo <= hi <= self._last + 1:
+            raise entries_refused(self._snap.index, self._last, lo, hi)
         start = self._tail_start
         if lo >= start:
             return self._tail[lo - start : hi - start]
@@ -465,11 +479,9 @@ class GroupLog:
         last = self._last
         if entries:
             first = entries[0].index
-            assert self._snap.index < first <= last + 1, (first, last, self._snap)
-            assert all(e.index == first + k for k, e in enumerate(entries)), "not contiguous"
-            last = entries[-1].index
+            last = check_append(self._snap.index, last, entries)
         if hard is not None:
-            assert hard.commit <= last, (hard.commit, last)
+            check_commit(hard.commit, last)
         store, gid = self._store, self.group_id
         with store._transaction():
             store._touched.add(gid)
@@ -527,7 +539,7 @@ class GroupLog:
         """Deletes the entries up to `index` (at most the commit index), keeping its term
         as the snapshot's, in one transaction (or the open batch)."""
         snap = self._snap
-        assert snap.index < index <= self._hard.commit, (index, snap, self._hard)
+        check_compact(snap.index, index, self._hard.commit)
         meta = SnapshotMeta(index, self.term_at(index))
         store, gid = self._store, self.group_id
         with store._transaction():
@@ -553,7 +565,7 @@ class GroupLog:
     def restore(self, meta: SnapshotMeta) -> None:
         """Deletes every entry: the log starts after `meta` (a snapshot installed from
         the leader, at or past the commit index, which moves up to it)."""
-        assert self._hard.commit <= meta.index and self._snap.index <= meta.index, meta
+        check_restore(self._snap.index, self._hard.commit, meta)
         hard = self._hard._replace(commit=meta.index)
         store, gid = self._store, self.group_id
         with store._transaction():

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from zdmq.config import ClusterConfig
-from zdmq.errors import ConfigError
 from zdmq.logs import LOG_FORMAT_HELP, LOG_FORMATS
-from zdmq.server.run import run_node
+from zdmq.server.run import node_main
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,12 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--listen-fd", type=int, help="serve on this inherited listening socket")
     ap.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
     args = ap.parse_args(argv)
-    try:
-        config = ClusterConfig.load(args.config)
-        config.node(args.node)
-        run_node(config, args.node, listen_fd=args.listen_fd, log_format=args.log_format)
-    except ConfigError as e:  # a bad file, or no node secret or client tokens where needed
-        raise SystemExit(f"zdmq node: {e}") from None
+    node_main(args.config, args.node, listen_fd=args.listen_fd, log_format=args.log_format)
 
 
 if __name__ == "__main__":

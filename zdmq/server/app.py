@@ -251,11 +251,17 @@ def _relay(reply: _http.Reply) -> Response:
     return Response(status=reply.status, body=reply.body or None, headers=headers)
 
 
-async def _forward(node: Node, owner: str, request: Request, body: bytes | None) -> Response:
+async def _forward(
+    node: Node, owner: str, request: Request, body: bytes | None, *, on_behalf: bool = False
+) -> Response:
+    """Sends `request` on to `owner`, with this node's credential. `on_behalf`: with the
+    caller's `Authorization` too, for a call whose right only the owner can check
+    (`_check_rights` checks a token that comes with a node credential)."""
     if _forwarded(request):
         raise Misrouted(f"{node.id} does not own this call; {owner} does")
     headers = {}
-    for name in ("Content-Type", ID_HEADER, DEDUP_HEADER, *_OPTION_HEADERS):
+    names = ("Content-Type", ID_HEADER, DEDUP_HEADER, *_OPTION_HEADERS)
+    for name in (*names, "Authorization") if on_behalf else names:
         if name in request.headers:
             headers[name] = request.headers[name]
     reply = await node.peer_call(owner, request.method, request.path_qs, data=body, headers=headers)
@@ -1214,7 +1220,8 @@ async def cancel_tied(request: Request) -> Response:
     token = _tie_token(request.match_info["token"])
     owner = node.placement.owner(token)
     if owner != node.id:
-        return await _forward(node, owner, request, None)
+        # Only the owner knows the tie's queues: it checks the caller's token.
+        return await _forward(node, owner, request, None, on_behalf=True)
     tie = node.state.ties.get(token)
     if tie is not None:
         _check_rights(request, [q for q, _ in tie.copies], WRITE)
@@ -1245,11 +1252,16 @@ async def internal_claim(request: Request) -> Response:
 
 
 def _check_rights(request: Request, names: Iterable[str], right: str) -> None:
-    """A client token's `right` on every queue in `names` (a node may do anything)."""
+    """A client token's `right` on every queue in `names`. A node may do anything, unless
+    it passes on its caller's token (`_forward(..., on_behalf=True)`): then that token's
+    rights are checked here."""
     clients: ClientGuard | None = request.app[CLIENTS]
-    if clients is None or NODE_AUTH_HEADER in request.headers:
+    if clients is None:
         return
-    token = clients.token(request.headers.get("Authorization"))
+    authorization = request.headers.get("Authorization")
+    if NODE_AUTH_HEADER in request.headers and authorization is None:
+        return
+    token = clients.token(authorization)
     for name in names:
         require(token, name, right)
 
@@ -1283,14 +1295,16 @@ async def delete_topic(request: Request) -> Response:
 
 
 async def subscribe(request: Request) -> Response:
-    node, topic, forwarded = await _on_topic_owner(request)
-    if forwarded is not None:
-        return forwarded
     payload = await _json_body(request)
     if not isinstance(payload, dict) or set(payload) - {"queue", "settings"}:
         raise BadRequest('expected {"queue": "...", "settings": {...}} (settings optional)')
     queue = validate_queue_name(payload.get("queue"))
+    # Checked before the call may go to the topic's owner, which takes the forwarding
+    # node's credential for every right.
     _check_rights(request, [queue], ADMIN)
+    node, topic, forwarded = await _on_topic_owner(request)
+    if forwarded is not None:
+        return forwarded
     raw = payload.get("settings")
     settings = None
     if raw is not None:
@@ -1305,10 +1319,12 @@ async def subscribe(request: Request) -> Response:
 
 
 async def unsubscribe(request: Request) -> Response:
+    queue = validate_queue_name(request.match_info["queue"])
+    # Admin on the queue too, as to subscribe it: an unsubscribe purges the queue.
+    _check_rights(request, [queue], ADMIN)
     node, topic, forwarded = await _on_topic_owner(request)
     if forwarded is not None:
         return forwarded
-    queue = validate_queue_name(request.match_info["queue"])
     purged, unavailable = await node.unsubscribe(topic, queue)
     return _json({"topic": topic, "queue": queue, "purged": purged, "unavailable": unavailable})
 

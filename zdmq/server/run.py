@@ -1,7 +1,8 @@
 """Runs one node process: open storage, serve HTTP, print READY, stop on a signal.
 
-The `READY <node> <url>` line on stdout is the readiness signal the CLI and the test
-harness wait for; nothing else is printed on stdout. Logs go to stderr.
+The readiness line on stdout (`READY <node> <url>`, or a JSON object with `event` "ready"
+under JSON logs: `zdmq.logs.ready_line`) is the signal the CLI and the test harness wait
+for; nothing else is printed on stdout. Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from zdmq.config import ClusterConfig
-from zdmq.logs import setup_logging
+from zdmq.errors import ConfigError
+from zdmq.logs import exit_error, ready_line, setup_logging
 from zdmq.server.app import HAND_OVER, make_app
 from zdmq.server.heap import Heap
 from zdmq.server.http import serve_app
 
-__all__ = ["run_loop", "run_node", "serve"]
+__all__ = ["node_main", "run_loop", "run_node", "serve"]
 
 log = logging.getLogger("zdmq.node")
 
@@ -42,7 +44,7 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
             sock.listen(1024)
         except OSError as e:
             sock.close()
-            raise SystemExit(
+            raise exit_error(
                 f"zdmq node {node_id}: cannot listen on {me.host}:{me.port}: {e}"
             ) from e
     sock.setblocking(False)
@@ -69,7 +71,7 @@ async def serve(config: ClusterConfig, node_id: str, *, listen_fd: int | None = 
             config.durability,
             extra={"event": "ready", "url": me.url},
         )
-        print(f"READY {node_id} {me.url}", flush=True)
+        print(ready_line(node_id, me.url), flush=True)
 
     limits = config.limits
     _raise_fd_limit(limits.max_connections)
@@ -167,3 +169,23 @@ def run_node(
         },
     )
     run_loop(lambda: serve(config, node_id, listen_fd=listen_fd))
+
+
+def node_main(
+    config_path: str,
+    node_id: str,
+    *,
+    listen_fd: int | None = None,
+    log_format: str | None = None,
+) -> None:
+    """`python -m zdmq.server` and `zdmq node`: loads the cluster file and runs node
+    `node_id`. A bad file, or no node secret or client tokens where they are needed,
+    stops it with a message, which is a JSON line under JSON logs like every line the
+    node writes (logging is set up before the file is read for that)."""
+    setup_logging(node_id, log_format)
+    try:
+        config = ClusterConfig.load(config_path)
+        config.node(node_id)
+        run_node(config, node_id, listen_fd=listen_fd, log_format=log_format)
+    except ConfigError as e:
+        raise exit_error(f"zdmq node: {e}") from None
