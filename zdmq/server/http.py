@@ -167,6 +167,10 @@ def error_response(err: ZdmqError) -> Response:
     resp = json_response(err.to_wire(), status=err.status)
     if isinstance(err, MethodNotAllowed) and err.allow:
         resp.headers["Allow"] = ", ".join(err.allow)  # RFC 9110: a 405 lists what the path takes
+    if err.retriable and err.status == 503:
+        resp.headers["Retry-After"] = (
+            "1"  # RFC 9110: seconds before the call is worth sending again
+        )
     return resp
 
 
