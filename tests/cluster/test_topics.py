@@ -186,9 +186,18 @@ async def test_broadcast_stores_one_copy_per_queue_or_none_if_a_queue_is_missing
         [(mid, body)] = await drain(client, q)
         assert body == b"hi" and mid == got.ids[q][0]
     url = cluster4.config.nodes[0].url
-    for payload in ({"queues": []}, {"queues": [qs[0], qs[0]], "body": "x"}, {"body": "x"}):
+    for payload in (
+        {"queues": []},
+        {"queues": [qs[0]], "body": "x", "colour": "red"},
+        {"body": "x"},
+    ):
         async with http.post(f"{url}/v1/broadcast", json=payload) as r:
             assert r.status == 400, payload
+    # A queue named twice gets one copy.
+    async with http.post(f"{url}/v1/broadcast", json={"queues": [qs[0], qs[0]], "body": "x"}) as r:
+        assert r.status == 201, await r.text()
+        assert (await r.json())["count"] == 1
+    assert (await client.stats(qs[0])).messages == 1
 
 
 async def test_copies_keep_the_priority_delay_and_attributes_of_what_was_published(
