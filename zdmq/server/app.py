@@ -1236,6 +1236,7 @@ async def push_tied(request: Request) -> Response:
     if missing:
         raise QueueNotFound(f"queue(s) {missing} do not exist: nothing was stored")
     _no_fifo(queues, found)
+    await _fit_queues(node, queues, items)
     copies = [(q, item.id) for q, item in zip(queues, items, strict=True)]
     await node.tie_local(token, copies)  # before any copy: every stored copy has its tie
     results = await asyncio.gather(
@@ -1451,6 +1452,29 @@ def _no_fifo(queues: Sequence[str], found: Sequence[Any]) -> None:
         )
 
 
+async def _fit_queues(node: Node, queues: Sequence[str], items: Sequence[PushItem]) -> None:
+    """Copies of a publish, broadcast or tie go to queues that may each have a size limit
+    of their own (max_message_bytes): one that a copy would be over is 413, naming the
+    queues, before anything is stored, rather than a publish stored in the others. (A
+    queue whose settings cannot be read is left to the store, which reports it.)"""
+    largest = max([len(item.body) for item in items], default=0)
+    found = await asyncio.gather(*(node.queue_settings(q) for q in queues), return_exceptions=True)
+    over = sorted(
+        {
+            q
+            for q, s in zip(queues, found, strict=True)
+            if isinstance(s, QueueSettings)
+            and s.max_message_bytes is not None
+            and largest > s.max_message_bytes
+        }
+    )
+    if over:
+        raise MessageTooLarge(
+            f"a message of {largest} bytes is over the max_message_bytes of queue(s) {over}: "
+            "nothing was stored"
+        )
+
+
 def _no_group_field(message: dict[str, Any]) -> None:
     """A publish's or broadcast's message takes no group (FIFO queues take pushes only)."""
     if "group" in message:
@@ -1482,6 +1506,7 @@ async def _fan_out(
             for c in copies
         ]
 
+    await _fit_queues(node, queues, [c.item for c in copies])
     parts = {q: items_for(q) for q in queues}
     results = await asyncio.gather(
         *(_store_items(node, q, part) for q, part in parts.items()), return_exceptions=True
