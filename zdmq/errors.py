@@ -18,6 +18,8 @@
     ├── TopicExists           409
     ├── QueueLimitReached     409  the metadata owner keeps limits.max_queues queues already
     ├── MessageIdConflict     409  a caller-chosen id is stored in another queue
+    ├── FifoConflict          409  a message or subscription that does not fit the queue's
+    │                              kind (FIFO or not)
     ├── MessageTooLarge       413  a body over limits.max_message_bytes
     ├── Misrouted             421  a forwarded call reached a node that does not own the key
     ├── NotLeader             421  the node does not lead the replica group the call needs;
@@ -42,6 +44,7 @@ __all__ = [
     "BadRequest",
     "BatchTooLarge",
     "ConfigError",
+    "FifoConflict",
     "Forbidden",
     "InternalError",
     "InvalidAttributes",
@@ -198,6 +201,16 @@ class QueueLimitReached(ZdmqError):
 class MessageIdConflict(ZdmqError):
     status = 409
     code = "message_id_conflict"
+
+
+class FifoConflict(ZdmqError):
+    """The queue's kind refuses the call: a message with a group for a queue that is not
+    FIFO; for a FIFO queue a message without a group, or with an id, priority, deadline,
+    ttl or delay; a FIFO queue as a topic's subscription or a copy's queue. Whether a
+    queue is FIFO is its state, not the request's shape: hence 409, not 400."""
+
+    status = 409
+    code = "fifo_conflict"
 
 
 class MessageTooLarge(ZdmqError):

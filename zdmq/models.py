@@ -55,6 +55,7 @@ __all__ = [
     "encode_body",
     "fifo_message_id",
     "group_key",
+    "is_json_type",
     "make_receipt",
     "message_from_wire",
     "message_to_wire",
@@ -63,6 +64,7 @@ __all__ = [
     "new_message_ids_on",
     "parse_receipt",
     "received_from_wire",
+    "validate_body_type",
     "validate_content_type",
     "validate_group",
     "validate_message_id",
@@ -79,6 +81,9 @@ _QUOTED = r'"(?:[ !#-\[\]-~]|\\[ -~])*"'
 _MEDIA_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?: *; *{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))*")
 MAX_CONTENT_TYPE_CHARS = 256
 ENCODINGS = ("utf-8", "base64")
+# Base64 as RFC 4648 §4 writes it: whole quanta, the last one padded with "=", nothing
+# else (no line breaks, no missing or extra padding, nothing after it).
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +184,8 @@ MAX_PRIORITY = 9
 MAX_DELAY_S = 900.0
 MAX_TTL_S = MAX_RETENTION_S
 MAX_ATTRIBUTES = 16
-MAX_ATTRIBUTE_KEY_BYTES = 128
-MAX_ATTRIBUTE_VALUE_BYTES = 1024
+MAX_ATTRIBUTE_KEY_CHARS = 128
+MAX_ATTRIBUTE_VALUE_CHARS = 1024
 
 
 def encode_attributes(attributes: Any) -> str | None:
@@ -198,16 +203,19 @@ def encode_attributes(attributes: Any) -> str | None:
         if not isinstance(k, str) or not isinstance(v, str):
             raise InvalidAttributes(f"attributes: {k!r}: keys and values must be strings")
         try:
-            kn, vn = len(k.encode()), len(v.encode())
+            k.encode(), v.encode()
         except UnicodeEncodeError:
-            raise InvalidAttributes(f"attributes: {k!r}: not valid UTF-8") from None
-        if not 1 <= kn <= MAX_ATTRIBUTE_KEY_BYTES:
+            raise InvalidAttributes(f"attributes: {k[:40]!r}: not valid UTF-8") from None
+        # Lengths in characters (code points), as JSON Schema's minLength and maxLength
+        # count them: the document's limits are the node's.
+        if not 1 <= len(k) <= MAX_ATTRIBUTE_KEY_CHARS:
             raise InvalidAttributes(
-                f"attributes: key {k[:40]!r}: expected 1..{MAX_ATTRIBUTE_KEY_BYTES} bytes"
+                f"attributes: key {k[:40]!r}: expected 1..{MAX_ATTRIBUTE_KEY_CHARS} characters"
             )
-        if vn > MAX_ATTRIBUTE_VALUE_BYTES:
+        if len(v) > MAX_ATTRIBUTE_VALUE_CHARS:
             raise InvalidAttributes(
-                f"attributes: value of {k!r}: {vn} bytes is over {MAX_ATTRIBUTE_VALUE_BYTES}"
+                f"attributes: value of {k[:40]!r}: {len(v)} characters is over "
+                f"{MAX_ATTRIBUTE_VALUE_CHARS}"
             )
     return orjson.dumps(attributes).decode()
 
@@ -231,23 +239,16 @@ def delivery_options(
     now: float,
 ) -> tuple[int, float, float]:
     """(priority, deadline or 0, delay_s) of a push, checked; BadRequest naming the bad
-    one (a deadline and a ttl_s together are refused)."""
+    one. Given a deadline and a ttl_s, the message expires at the earlier of the two."""
     p = 0
     if priority is not None:
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise BadRequest(
-                f"priority: expected an integer in 0..{MAX_PRIORITY}, got {priority!r}"
-            )
-        if not 0 <= priority <= MAX_PRIORITY:
-            raise BadRequest(f"priority: expected an integer in 0..{MAX_PRIORITY}, got {priority}")
-        p = priority
-    if deadline is not None and ttl_s is not None:
-        raise BadRequest("give deadline or ttl_s, not both")
+        p = int(_number({"priority": priority}, "priority", 0, MAX_PRIORITY, True))
     d = 0.0
     if deadline is not None:
         d = _number({"deadline": deadline}, "deadline", 1.0, 1e11)
-    elif ttl_s is not None:
-        d = now + _number({"ttl_s": ttl_s}, "ttl_s", 0.001, MAX_TTL_S)
+    if ttl_s is not None:
+        expires = now + _number({"ttl_s": ttl_s}, "ttl_s", 0.001, MAX_TTL_S)
+        d = min(d, expires) if d else expires
     delay = 0.0
     if delay_s is not None:
         delay = _number({"delay_s": delay_s}, "delay_s", 0.0, MAX_DELAY_S)
@@ -334,8 +335,10 @@ def _number(
 ) -> float:
     value = payload[name]
     kind = "an integer" if integer else "a number"
-    ok = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok or not math.isfinite(value) or not lo <= value <= hi:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and integer and isinstance(value, float):
+        ok = value.is_integer()  # JSON has one number type: 8.0 is the integer 8
+    if not ok or not math.isfinite(value) or not lo <= value <= hi:
         raise BadRequest(f"{name}: expected {kind} in {_num(lo)}..{_num(hi)}, got {value!r}")
     return float(value)
 
@@ -360,6 +363,26 @@ def validate_content_type(value: Any) -> str:
         f"content_type {shown}: expected a media type such as 'text/plain; charset=utf-8' "
         f"(visible ASCII and spaces, at most {MAX_CONTENT_TYPE_CHARS} characters)"
     )
+
+
+def is_json_type(ctype: str) -> bool:
+    """Whether a media type is JSON: a subtype `json` or one with the `+json` suffix
+    (RFC 6839), such as application/json or application/problem+json."""
+    subtype = ctype.partition(";")[0].partition("/")[2].strip().lower()
+    return subtype == "json" or subtype.endswith("+json")
+
+
+def validate_body_type(body: bytes, ctype: str | None) -> None:
+    """A body whose content type is JSON is JSON (RFC 8259), else InvalidMessage: a
+    delivery hands it on with that content type, so it must be what the type says. Other
+    bodies are bytes the node does not read."""
+    if ctype is not None and is_json_type(ctype):
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise InvalidMessage(
+                f"body: the content type {ctype[:80]!r} says JSON, but the body is not JSON"
+            ) from None
 
 
 _urandom = os.urandom
@@ -569,9 +592,12 @@ def decode_body(text: Any, encoding: Any, max_bytes: int) -> bytes:
     if encoding == "utf-8":
         body = text.encode("utf-8")
     elif encoding == "base64":
+        # b64decode alone would also take missing or extra padding and data after it.
+        if not _BASE64.fullmatch(text):
+            raise InvalidMessage("body: not valid base64")
         try:
             body = base64.b64decode(text, validate=True)
-        except (binascii.Error, ValueError):
+        except (binascii.Error, ValueError):  # pragma: no cover - the pattern is stricter
             raise InvalidMessage("body: not valid base64") from None
     else:
         raise InvalidMessage(f"encoding: expected 'utf-8' or 'base64', got {encoding!r}")

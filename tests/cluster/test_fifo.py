@@ -9,7 +9,7 @@ import ssl
 import aiohttp
 
 from tests.helpers import unique
-from zdmq import BadRequest, Client
+from zdmq import Client, FifoConflict
 from zdmq.hashing import Placement
 from zdmq.local import LocalCluster
 from zdmq.models import group_key
@@ -81,20 +81,22 @@ async def test_rest_pushes_need_a_group_on_a_fifo_queue_and_refuse_one_elsewhere
         assert (await r.json())["settings"]["fifo"] is True
     async with http.put(f"{base}/v1/queues/{plain}", json={}) as r:
         assert r.status == 201
+    # 409 where the queue's kind refuses a well-formed push, 400 for a malformed group.
     cases = [
-        (q, {}, "needs a group"),
-        (q, {"zdmq-message-group": "a", "zdmq-priority": "3"}, "no priority"),
-        (q, {"zdmq-message-group": "a", "zdmq-delay-s": "5"}, "no priority"),
+        (q, {}, 409, "needs a group"),
+        (q, {"zdmq-message-group": "a", "zdmq-priority": "3"}, 409, "no priority"),
+        (q, {"zdmq-message-group": "a", "zdmq-delay-s": "5"}, 409, "no priority"),
         (
             q,
             {"zdmq-message-group": "a", "zdmq-id": "6f1c2a52-3f0b-4b7e-9a52-7a646d712d31"},
+            409,
             "not an id",
         ),
-        (q, {"zdmq-message-group": ""}, "group"),
-        (q, {"zdmq-message-group": "x" * 129}, "group"),
-        (plain, {"zdmq-message-group": "a"}, "not a FIFO queue"),
+        (q, {"zdmq-message-group": ""}, 400, "group"),
+        (q, {"zdmq-message-group": "x" * 129}, 400, "group"),
+        (plain, {"zdmq-message-group": "a"}, 409, "not a FIFO queue"),
     ]
-    for queue, headers, says in cases:
+    for queue, headers, status, says in cases:
         for node in cluster4.config.node_ids:  # through every node: the same answer
             url = cluster4.config.node(node).url
             async with http.post(
@@ -103,13 +105,16 @@ async def test_rest_pushes_need_a_group_on_a_fifo_queue_and_refuse_one_elsewhere
                 headers={"Content-Type": "text/plain", **headers},
             ) as r:
                 body = await r.json()
-                assert r.status == 400, (headers, body)
+                assert r.status == status, (headers, body)
+                assert body["error"]["code"] == (
+                    "fifo_conflict" if status == 409 else "bad_request"
+                )
                 assert says in body["error"]["message"], (headers, body)
     async with http.post(
         f"{base}/v1/queues/{q}/batch",
         json={"messages": [{"body": "a", "group": "g"}, {"body": "b"}]},
     ) as r:
-        assert r.status == 400
+        assert r.status == 409
         assert "give a group" in (await r.json())["error"]["message"]
     # Nothing of the refused pushes was stored.
     async with http.get(f"{base}/v1/queues/{q}") as r:
@@ -171,7 +176,7 @@ async def test_a_fifo_queue_refuses_priority_through_the_client(client: Client) 
     await client.create_queue(q, fifo=True)
     try:
         await client.push(q, "x", group="g", priority=2)
-    except BadRequest as e:
+    except FifoConflict as e:
         assert "no priority" in e.message
     else:
         raise AssertionError("a FIFO push with a priority was stored")

@@ -69,7 +69,7 @@ async def test_rest_refuses_bad_ties(cluster4: LocalCluster, http: aiohttp.Clien
     bad = [
         {},
         {"messages": []},
-        {"messages": [{"queue": q, "body": "a"}, {"queue": q, "body": "b"}]},
+        {"messages": [{"queue": q, "body": "a", "colour": "red"}]},
         {"messages": [{"queue": q, "body": "a", "id": "6f1c2a52-3f0b-4b7e-9a52-7a646d712d31"}]},
         {"messages": [{"queue": q, "body": "a"}], "token": "no spaces"},
         {"messages": [{"queue": "bad name", "body": "a"}]},
@@ -82,9 +82,33 @@ async def test_rest_refuses_bad_ties(cluster4: LocalCluster, http: aiohttp.Clien
         f"{url}/v1/tied", json={"messages": [{"queue": unique("missing"), "body": "a"}]}
     ) as r:
         assert r.status == 404, await r.text()
+    fifo = unique("fifo")
+    async with http.put(f"{url}/v1/queues/{fifo}", json={"fifo": True}) as r:
+        assert r.status == 201
+    copies = [{"queue": q, "body": "a"}, {"queue": fifo, "body": "a"}]
+    async with http.post(f"{url}/v1/tied", json={"messages": copies}) as r:
+        assert r.status == 409, await r.text()  # a copy has no group: nothing stored
+        assert (await r.json())["error"]["code"] == "fifo_conflict"
+    async with http.get(f"{url}/v1/queues/{q}") as r:
+        assert (await r.json())["messages"] == 0
     async with http.delete(f"{url}/v1/tied/nothing-here") as r:
         assert r.status == 404
         assert (await r.json())["error"]["code"] == "tie_not_found"
+
+
+async def test_two_copies_of_a_tie_in_one_queue_deliver_one(client: Client) -> None:
+    q = unique("tied")
+    await client.create_queue(q)
+    await client.push_tied([q, q], "job")
+    assert (await client.stats(q)).messages == 2
+    got = []
+
+    async def drained() -> bool:
+        got.extend(await client.pop_many(q, 10))
+        return (await client.stats(q)).messages == 0
+
+    await wait_until(drained, timeout_s=10, what="both copies met")
+    assert [m.text() for m in got] == ["job"]
 
 
 async def test_competing_consumers_process_each_tied_message_once(client: Client) -> None:

@@ -186,9 +186,41 @@ async def test_broadcast_stores_one_copy_per_queue_or_none_if_a_queue_is_missing
         [(mid, body)] = await drain(client, q)
         assert body == b"hi" and mid == got.ids[q][0]
     url = cluster4.config.nodes[0].url
-    for payload in ({"queues": []}, {"queues": [qs[0], qs[0]], "body": "x"}, {"body": "x"}):
+    for payload in (
+        {"queues": []},
+        {"queues": [qs[0]], "body": "x", "colour": "red"},
+        {"body": "x"},
+    ):
         async with http.post(f"{url}/v1/broadcast", json=payload) as r:
             assert r.status == 400, payload
+    # A queue named twice gets one copy.
+    async with http.post(f"{url}/v1/broadcast", json={"queues": [qs[0], qs[0]], "body": "x"}) as r:
+        assert r.status == 201, await r.text()
+        assert (await r.json())["count"] == 1
+    assert (await client.stats(qs[0])).messages == 1
+
+
+async def test_a_copy_over_a_subscribed_queues_size_limit_is_413_and_stores_nothing(
+    cluster4: LocalCluster, http: aiohttp.ClientSession, client: Client
+) -> None:
+    topic, small, big = unique("size"), unique("small"), unique("big")
+    await client.create_topic(topic)
+    await client.create_queue(small, max_message_bytes=4)
+    await client.subscribe(topic, small)
+    await client.subscribe(topic, big)
+    url = cluster4.config.nodes[2].url
+    async with http.post(f"{url}/v1/topics/{topic}/messages", data=b"12345") as r:
+        assert r.status == 413, await r.text()
+        error = (await r.json())["error"]
+        assert error["code"] == "message_too_large" and small in error["message"]
+    async with http.post(
+        f"{url}/v1/broadcast", json={"queues": [big, small], "body": "12345"}
+    ) as r:
+        assert r.status == 413, await r.text()
+    assert (await client.stats(big)).messages == 0
+    async with http.post(f"{url}/v1/topics/{topic}/messages", data=b"1234") as r:
+        assert r.status == 201, await r.text()
+    assert [(await client.stats(q)).messages for q in (small, big)] == [1, 1]
 
 
 async def test_copies_keep_the_priority_delay_and_attributes_of_what_was_published(

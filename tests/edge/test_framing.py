@@ -179,7 +179,8 @@ def test_405_names_the_allowed_methods(node: Addr, method: str, path: str, allow
 
 # ---- numbers in the query ---------------------------------------------------------------
 NOT_ASCII_DIGITS = ["1_0", "+5", " 5", "-1", "0x10", "\u0665", "\uff15", "5\u0660"]
-# An exponent is how a float is written (the client sends repr(float)): only counts refuse it.
+# An exponent is how a float is written (the client sends repr(float)); a count takes a whole
+# number only, however written (JSON has one number type: 5.0 and 1e2 are whole, 1.5 is not).
 NUMBER_PARAMS = [
     ("pop", "max"),
     ("receive", "max"),
@@ -188,7 +189,7 @@ NUMBER_PARAMS = [
     ("receive", "visibility_s"),
 ]
 CASES = [(p, k, v) for p, k in NUMBER_PARAMS for v in NOT_ASCII_DIGITS] + [
-    (p, k, "1e3") for p, k in NUMBER_PARAMS if k == "max"
+    (p, k, v) for p, k in NUMBER_PARAMS if k == "max" for v in ("1.5", "2e-1", "1e4")
 ]
 
 
@@ -209,6 +210,8 @@ def test_numeric_query_values_in_ascii_digits_are_served(node: Addr) -> None:
     q = new_queue(node, "digits-ok")
     assert call(node, "POST", f"/v1/queues/{q}/messages", b"one").status == 201
     reply = call(node, "POST", f"/v1/queues/{q}/receive?max=10&visibility_s=1.5&wait_s=0", b"")
+    assert reply.status == 200, reply
+    reply = call(node, "POST", f"/v1/queues/{q}/pop?max=1e1&min_priority=0.0", b"")
     assert reply.status == 200, reply
 
 

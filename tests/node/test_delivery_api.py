@@ -99,18 +99,19 @@ async def test_put_queue_with_a_body_that_is_not_a_json_object_returns_400(
     await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
-async def test_put_queue_with_a_dead_letter_queue_that_does_not_exist_returns_400(
+async def test_put_queue_with_a_dead_letter_queue_that_does_not_exist_returns_404_naming_it(
     http: Http,
 ) -> None:
     resp = await http.put("/v1/queues/jobs", json={"dead_letter_queue": "missing-dlq"})
-    message = await expect_error(resp, 400, "bad_request")
+    message = await expect_error(resp, 404, "queue_not_found")
     assert "dead_letter_queue" in message and "missing-dlq" in message
     await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
-async def test_put_queue_naming_itself_as_its_dead_letter_queue_returns_400(http: Http) -> None:
+async def test_put_queue_naming_itself_as_its_dead_letter_queue_returns_404(http: Http) -> None:
+    # The queue does not exist until the create succeeds, so it cannot be its own.
     resp = await http.put("/v1/queues/jobs", json={"dead_letter_queue": "jobs"})
-    assert "dead_letter_queue" in await expect_error(resp, 400, "bad_request")
+    assert "dead_letter_queue" in await expect_error(resp, 404, "queue_not_found")
     await expect_error(await http.get("/v1/queues/jobs"), 404, "queue_not_found")
 
 
@@ -246,10 +247,28 @@ async def test_settle_calls_over_the_batch_limit_return_400_batch_too_large(
     assert m["id"] == mid
 
 
-async def test_extend_without_visibility_s_returns_400_naming_it(http: Http) -> None:
-    await _create(http, "jobs")
-    resp = await http.post("/v1/queues/jobs/extend", json={"receipts": [_fake_receipt()]})
-    assert "visibility_s" in await expect_error(resp, 400, "bad_request")
+async def test_extend_without_visibility_s_extends_by_the_queues_visibility_timeout(
+    http: Http,
+) -> None:
+    await _create(http, "jobs", {"visibility_timeout_s": 0})
+    await _push(http, "jobs", b"m")
+    [m] = await _receive(http, "jobs", 1)  # leased for 30 s
+    resp = await http.post("/v1/queues/jobs/extend", json={"receipts": [m["receipt"]]})
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == {"extended": 1, "failed": []}
+    # The lease now ends visibility_timeout_s (0) from the extend: visible again.
+    await wait_until(lambda: _popped(http, "jobs"), timeout_s=5)
+
+
+async def _popped(http: Http, queue: str) -> bool:
+    return (await http.post(f"/v1/queues/{queue}/pop")).status == 200
+
+
+async def test_extend_without_visibility_s_of_a_queue_that_does_not_exist_returns_404(
+    http: Http,
+) -> None:
+    resp = await http.post("/v1/queues/nope/extend", json={"receipts": [_fake_receipt()]})
+    await expect_error(resp, 404, "queue_not_found")
 
 
 @pytest.mark.parametrize(
@@ -318,17 +337,21 @@ async def test_malformed_receipts_fail_one_by_one_as_invalid_receipt_while_valid
 
 
 # ---- pushes --------------------------------------------------------------------------------
-async def test_a_push_with_both_an_id_and_a_dedup_id_returns_400_and_stores_nothing(
+async def test_a_push_with_an_id_and_a_dedup_id_keeps_the_id_and_refuses_repeats_in_the_window(
     http: Http,
 ) -> None:
     await _create(http, "jobs")
-    resp = await http.post(
-        "/v1/queues/jobs/messages",
-        data=b"ambiguous",
-        headers={"zdmq-id": str(uuid.uuid4()), "zdmq-dedup-id": "order-1"},
-    )
-    message = await expect_error(resp, 400, "bad_request")
-    assert "zdmq-id" in message and "zdmq-dedup-id" in message
+    mid = str(uuid.uuid4())
+    headers = {"zdmq-id": mid, "zdmq-dedup-id": "order-1"}
+    resp = await http.post("/v1/queues/jobs/messages", data=b"once", headers=headers)
+    assert resp.status == 201, await resp.text()
+    assert await resp.json() == {"id": mid, "duplicate": False}
+    popped = await http.post("/v1/queues/jobs/pop")
+    assert popped.headers["zdmq-id"] == mid
+    # Gone, yet within the dedup window a repeat stores nothing, as a dedup id's would.
+    resp = await http.post("/v1/queues/jobs/messages", data=b"once", headers=headers)
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == {"id": mid, "duplicate": True}
     assert (await _stats(http, "jobs"))["messages"] == 0
 
 

@@ -86,10 +86,10 @@ async def test_put_queue_with_settings_returns_them_and_get_reports_them(http: H
         ({"visibility_timeout_s": -1}, "visibility_timeout_s"),
         ({"retention_s": "long"}, "retention_s"),
         ({"no_such_field": 1}, "no_such_field"),
-        ({"dead_letter_queue": "missing"}, "dead_letter_queue"),
-        ({"dead_letter_queue": "jobs"}, "dead_letter_queue"),
+        ({"max_receives": 3}, "max_receives"),
+        ({"content_based_dedup": True}, "content_based_dedup"),
     ],
-    ids=["out_of_bounds", "not_a_number", "unknown_field", "missing_dlq", "own_dlq"],
+    ids=["out_of_bounds", "not_a_number", "unknown_field", "no_dlq", "not_fifo"],
 )
 async def test_put_queue_with_bad_settings_returns_400_naming_the_field_and_creates_nothing(
     http: Http, settings: dict[str, Any], field: str

@@ -1,10 +1,10 @@
 """A request the document does not describe is refused, never half-read.
 
 One node over real HTTP. What a call does not read is refused with 400 bad_request naming
-it (a misspelt query parameter, a zdmq header with a value it does not take, a `null` where
-settings belong) rather than ignored; a number a settle call takes may come in the JSON body
-or the query, read and checked either way; a method a path does not take is 405 with an
-`Allow` header listing the methods it does take.
+it (a misspelt query parameter or JSON field, a zdmq header with a value it does not take, a
+`null` where settings belong) rather than ignored; a number a settle call takes may come in
+the JSON body or the query, checked either way, the body's used when both have it; a method
+a path does not take is 405 with an `Allow` header listing the methods it does take.
 """
 
 from __future__ import annotations
@@ -196,11 +196,11 @@ async def test_a_json_extend_reads_visibility_s_from_the_query(http: Http) -> No
         ("nack", {"delay_s": "-1"}, {}),
         ("nack", {"delay_s": "soon"}, {}),
         ("extend", {"visibility_s": "nan"}, {}),
-        ("nack", {"delay_s": "1"}, {"delay_s": 1}),
-        ("extend", {"visibility_s": "1"}, {"visibility_s": 1}),
+        ("nack", {"delay_s": "-1"}, {"delay_s": 1}),
+        ("extend", {"visibility_s": "43201"}, {"visibility_s": 1}),
     ],
 )
-async def test_a_json_settle_checks_its_query_numbers_and_refuses_one_given_twice(
+async def test_a_json_settle_checks_its_query_numbers_even_when_the_body_has_them(
     http: Http, op: str, params: dict[str, str], body: dict[str, Any]
 ) -> None:
     receipt = await _queue_with_lease(http)
@@ -213,6 +213,44 @@ async def test_a_json_settle_checks_its_query_numbers_and_refuses_one_given_twic
     assert next(iter(params)) in message
     stats = await (await http.get("/v1/queues/jobs")).json()
     assert stats["in_flight"] == 1  # the lease is untouched
+
+
+@pytest.mark.parametrize(
+    ("op", "field", "query", "body"),
+    [("nack", "delay_s", "60", 0), ("extend", "visibility_s", "0", 60)],
+)
+async def test_a_number_in_both_the_json_body_and_the_query_is_taken_from_the_body(
+    http: Http, op: str, field: str, query: str, body: float
+) -> None:
+    receipt = await _queue_with_lease(http)
+    resp = await http.post(
+        f"/v1/queues/jobs/{op}", json={"receipts": [receipt], field: body}, params={field: query}
+    )
+    assert resp.status == 200, await resp.text()
+    # nack: visible at once (the body's 0, not the query's 60); extend: leased for 60 s
+    # more (not 0): either way the message is not delayed, and only the nack frees it.
+    stats = await (await http.get("/v1/queues/jobs")).json()
+    assert stats["delayed"] == 0
+    assert stats["in_flight"] == (1 if op == "extend" else 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "payload", "field"),
+    [
+        ("batch", {"messages": [{"body": "b", "priorty": 1}]}, "priorty"),
+        ("batch", {"messages": [{"body": "b"}], "dedup": True}, "dedup"),
+        ("ack", {"receipts": ["x"], "visibility_s": 1}, "visibility_s"),
+        ("nack", {"receipts": ["x"], "delay": 1}, "delay"),
+    ],
+)
+async def test_a_json_field_the_call_does_not_take_is_400_naming_it(
+    http: Http, path: str, payload: dict[str, Any], field: str
+) -> None:
+    assert (await http.put("/v1/queues/jobs")).status == 201
+    resp = await http.post(f"/v1/queues/jobs/{path}", json=payload)
+    assert repr(field) in await expect_error(resp, 400, "bad_request")
+    stats = await (await http.get("/v1/queues/jobs")).json()
+    assert stats["messages"] == 0
 
 
 async def test_a_null_id_dedup_id_or_content_type_in_a_batch_item_is_as_if_left_out(

@@ -17,6 +17,7 @@ PUBLIC = {
     "ClusterConfig",
     "ConfigError",
     "Consumer",
+    "FifoConflict",
     "Forbidden",
     "InternalError",
     "InvalidAttributes",

@@ -40,6 +40,7 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
     BatchTooLarge,
+    FifoConflict,
     Forbidden,
     InvalidAttributes,
     InvalidMessage,
@@ -78,10 +79,12 @@ from zdmq.models import (
     fifo_message_id,
     group_key,
     group_receipts,
+    is_json_type,
     message_to_wire,
     new_message_id,
     new_message_ids,
     new_message_ids_on,
+    validate_body_type,
     validate_content_type,
     validate_group,
     validate_message_id,
@@ -163,20 +166,30 @@ def _queue(request: Request) -> str:
 
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
-# What Python's repr() of a non-negative float can look like ("30.0", "1.5e-05").
-_DECIMAL = re.compile(r"(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][-+]?[0-9]{1,3})?")
+# What Python's repr() of a float can look like ("30.0", "1.5e-05", "0.0010000000000000002",
+# "-0.0"): a range check follows, so of the negative ones only -0 passes it.
+_DECIMAL = re.compile(r"-?(?:[0-9]{1,20}(?:\.[0-9]{0,24})?|\.[0-9]{1,24})(?:[eE][-+]?[0-9]{1,3})?")
 
 
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query.get(name)
     if raw is None:
         return default
-    # ASCII digits only: int() would also take "+5", "1_0", " 5" and non-ASCII digits.
-    if not _DIGITS.fullmatch(raw):
+    return _integer(name, raw, lo, hi)
+
+
+def _integer(name: str, raw: str, lo: int, hi: int) -> int:
+    """An integer in a query parameter or a header: ASCII digits ("5"), or a decimal
+    number that is a whole one ("5.0", "5e0": one number type, as in JSON). int() would
+    also take "+5", "1_0", " 5" and non-ASCII digits."""
+    if _DIGITS.fullmatch(raw):
+        value = int(raw)
+    elif _DECIMAL.fullmatch(raw) and (f := float(raw)).is_integer():
+        value = int(f)
+    else:
         raise BadRequest(f"{name}: expected an integer in {lo}..{hi}, got {raw[:40]!r}")
-    value = int(raw)
     if not lo <= value <= hi:
-        raise BadRequest(f"{name}: expected an integer in {lo}..{hi}, got {value}")
+        raise BadRequest(f"{name}: expected an integer in {lo}..{hi}, got {raw[:40]}")
     return value
 
 
@@ -431,21 +444,25 @@ async def push(request: Request) -> Response:
     raw_group = request.headers.get(MESSAGE_GROUP_HEADER)
     if raw_group is not None:
         return await _push_to_group(request, node, queue, body, raw_id, dedup_id, raw_group)
-    if dedup_id is not None:
-        if raw_id is not None:
-            raise BadRequest(f"give {ID_HEADER} or {DEDUP_HEADER}, not both")
-        msg_id = dedup_message_id(queue, dedup_id)
+    derived = dedup_message_id(queue, dedup_id) if dedup_id is not None else None
+    if raw_id is not None:
+        # With a dedup id as well, the message keeps the caller's id, and that id is
+        # deduplicated within the dedup window as a dedup id's would be.
+        msg_id = validate_message_id(raw_id)
     else:
-        msg_id = validate_message_id(raw_id) if raw_id is not None else new_message_id()
+        msg_id = derived if derived is not None else new_message_id()
     ctype = request.headers.get("Content-Type")
     if ctype is not None:
         validate_content_type(ctype)
+        validate_body_type(body, ctype)
     options = _header_options(request)
     owner = node.placement.owner(msg_id)
     if owner != node.id:
         if _forwarded(request):
             raise Misrouted(f"message {msg_id} belongs to {owner}, not {node.id}")
-        headers = {DEDUP_HEADER: dedup_id} if dedup_id is not None else {ID_HEADER: msg_id}
+        headers = {ID_HEADER: msg_id}
+        if dedup_id is not None:
+            headers[DEDUP_HEADER] = dedup_id
         if ctype is not None:
             headers["Content-Type"] = ctype
         priority, deadline, delay_s, attrs = options
@@ -477,12 +494,12 @@ async def _push_to_group(
 ) -> Response:
     """A single push of a FIFO queue's message: stored on the owner of its group."""
     group = validate_group(raw_group)
-    if dedup_id is not None and raw_id is not None:
-        raise BadRequest(f"give {ID_HEADER} or {DEDUP_HEADER}, not both")
     ctype = request.headers.get("Content-Type")
     if ctype is not None:
         validate_content_type(ctype)
+        validate_body_type(body, ctype)
     owner = node.placement.owner
+    await node.queue_settings(queue)  # a queue that does not exist is 404 first
     mid = _group_item_id(queue, group, raw_id, dedup_id, owner, _forwarded(request))
     item = PushItem(mid, body, ctype, dedup_id is not None, *_header_options(request), group)
     items = await _fifo_ids(node, queue, [item])
@@ -502,36 +519,36 @@ def _group_item_id(
 ) -> str:
     """The id a FIFO message is stored under: the one its dedup id maps to on its group's
     owner, or "" (drawn later: `_fifo_ids`). Only a node forwarding the message gives
-    its id: a client's own id would land anywhere, not on the group's owner."""
+    its id: a client's own id would land anywhere, not on the group's owner (409
+    FifoConflict: no queue takes a message with both a group and an id)."""
+    if mid is not None and not forwarded:
+        raise FifoConflict(
+            "a message with a group (a FIFO queue's message) takes a dedup_id, not an id: "
+            "its id is drawn on the node that owns its group"
+        )
     if dedup_id is not None:
         if mid is not None:
-            raise InvalidMessage("give id or dedup_id, not both")
+            return validate_message_id(mid)
         return fifo_message_id(queue, group, dedup_id, owner, owner(group_key(queue, group)))
-    if mid is not None:
-        if not forwarded:
-            raise InvalidMessage(
-                "a FIFO queue's message takes a dedup_id, not an id (its id must land on "
-                "the node that owns its group)"
-            )
-        return validate_message_id(mid)
-    return ""
+    return validate_message_id(mid) if mid is not None else ""
 
 
 async def _fifo_ids(node: Node, queue: str, items: list[PushItem]) -> list[PushItem]:
     """The batch with ids for its FIFO messages that came without one: from a hash of
     the body on a queue with content_based_dedup (then deduplicated like a dedup id),
     else fresh; either way ids that land on the owner of the message's group. Refuses
-    groups on a queue that is not FIFO, and a FIFO batch with a message without one."""
+    (FifoConflict) groups on a queue that is not FIFO, and a FIFO batch with a message
+    without one."""
     if all([item.group is None for item in items]):
         return items
     settings = await node.queue_settings(queue)
     if not settings.fifo:
-        raise BadRequest(f"queue {queue!r} is not a FIFO queue: its messages take no group")
+        raise FifoConflict(f"queue {queue!r} is not a FIFO queue: its messages take no group")
     owner = node.placement.owner
     out: list[PushItem] = []
     for i, item in enumerate(items):
         if item.group is None:
-            raise BadRequest(f"messages[{i}]: queue {queue!r} is a FIFO queue: give a group")
+            raise FifoConflict(f"messages[{i}]: queue {queue!r} is a FIFO queue: give a group")
         if item.id:
             out.append(item)
             continue
@@ -561,11 +578,7 @@ def _header_options(request: Request) -> tuple[int, float, float, str | None]:
     raw_priority = headers.get(PRIORITY_HEADER)
     priority: Any = None
     if raw_priority is not None:
-        if not _DIGITS.fullmatch(raw_priority):
-            raise BadRequest(
-                f"{PRIORITY_HEADER}: expected an integer in 0..9, got {raw_priority[:40]!r}"
-            )
-        priority = int(raw_priority)
+        priority = _integer(PRIORITY_HEADER, raw_priority, 0, MAX_PRIORITY)
     p, d, delay = delivery_options(
         priority=priority,
         deadline=_header_number(request, DEADLINE_HEADER),
@@ -596,6 +609,27 @@ def _json_options(m: dict[str, Any], now: float) -> tuple[int, float, float, str
     return p, d, delay, encode_attributes(m.get("attributes"))
 
 
+# The fields of a message in JSON: those of every message, and those of a queue's push
+# (between nodes also `dedup`, a flag, and `tie`, a tied copy's token: _batch_wire), of a
+# publish or broadcast, and of a tied copy. Any other field is refused (400), `null` or not.
+_MESSAGE_FIELDS = frozenset(
+    {"body", "encoding", "content_type", "priority", "deadline", "ttl_s", "delay_s", "attributes"}
+)
+_PUSH_FIELDS = _MESSAGE_FIELDS | {"id", "dedup_id", "group"}
+_FORWARDED_FIELDS = _PUSH_FIELDS | {"dedup", "tie"}
+_PUBLISH_FIELDS = _MESSAGE_FIELDS | {"dedup_id"}
+_TIED_FIELDS = _MESSAGE_FIELDS | {"queue"}
+
+
+def _known_fields(payload: dict[str, Any], known: frozenset[str], where: str = "") -> None:
+    """Refuses (400) a JSON object with a field the call does not read: a misspelt one
+    must not be ignored in silence."""
+    unknown = set(payload) - known
+    if unknown:
+        shown = [name[:40] for name in sorted(unknown)[:5]]
+        raise BadRequest(f"{where}unknown field(s) {shown}; known: {sorted(known)}")
+
+
 def _batch_items(
     queue: str,
     payload: Any,
@@ -603,9 +637,13 @@ def _batch_items(
     max_bytes: int,
     forwarded: bool,
     owner: Callable[[str], str],
+    fields: frozenset[str] = _PUSH_FIELDS,
 ) -> list[PushItem]:
     if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
         raise BadRequest('expected {"messages": [{"body": ..., "encoding": ...}, ...]}')
+    _known_fields(payload, frozenset({"messages"}))
+    if forwarded:
+        fields |= _FORWARDED_FIELDS
     raw = payload["messages"]
     if not raw:
         raise BadRequest("messages: expected at least one message")
@@ -616,6 +654,7 @@ def _batch_items(
     for i, m in enumerate(raw):
         if not isinstance(m, dict):
             raise InvalidMessage(f"messages[{i}]: expected an object")
+        _known_fields(m, fields, f"messages[{i}]: ")
         try:
             body = decode_body(m.get("body"), m.get("encoding", "utf-8"), max_bytes)
             dedup_id = m.get("dedup_id")
@@ -633,6 +672,7 @@ def _batch_items(
         if ctype is not None:
             try:
                 validate_content_type(ctype)
+                validate_body_type(body, ctype)
             except ZdmqError as e:
                 e.message = f"messages[{i}].{e.message}"
                 raise
@@ -670,6 +710,7 @@ def _frame_items(
     ids = b.ids
     if b.content_types is not None:
         _check_content_types(b.content_types)
+        _check_json_bodies(bodies, b.content_types)
     ctypes = b.content_types or [None] * n
     dedups = b.dedup_ids
     options = _frame_options(b)
@@ -753,14 +794,28 @@ def _check_content_types(ctypes: Sequence[str | None]) -> None:
             raise
 
 
+def _check_json_bodies(bodies: Sequence[bytes], ctypes: Sequence[str | None]) -> None:
+    """Every body of a batch frame whose content type is JSON is JSON (validate_body_type);
+    the first that is not is named by its index."""
+    json_types = {c for c in set(ctypes) - {None} if c is not None and is_json_type(c)}
+    if not json_types:
+        return
+    for i, (body, ctype) in enumerate(zip(bodies, ctypes, strict=True)):
+        if ctype in json_types:
+            try:
+                validate_body_type(body, ctype)
+            except ZdmqError as e:
+                e.message = f"messages[{i}].{e.message}"
+                raise
+
+
 def _item_id(queue: str, mid: Any, dedup_id: Any) -> str:
-    """The id a batch item is stored under: its dedup id's, its own (checked), or ""
-    for a fresh one (`_fresh_ids` draws those for the whole batch)."""
-    if dedup_id is not None:
-        if mid is not None:
-            raise InvalidMessage("give id or dedup_id, not both")
-        return dedup_message_id(queue, dedup_id)
-    return validate_message_id(mid) if mid is not None else ""
+    """The id a batch item is stored under: its own (checked), its dedup id's, or ""
+    for a fresh one (`_fresh_ids` draws those for the whole batch). Given both an id and
+    a dedup id, the message keeps its id, deduplicated within the dedup window as a dedup
+    id's would be (the dedup id is checked, and flags the item)."""
+    derived = dedup_message_id(queue, dedup_id) if dedup_id is not None else ""
+    return validate_message_id(mid) if mid is not None else derived
 
 
 def _fresh_ids(items: list[PushItem], owner: Callable[[str], str]) -> list[PushItem]:
@@ -998,24 +1053,25 @@ async def _settle(request: Request, action: str) -> Response:
         payload = await _json_body(request)
         if not isinstance(payload, dict) or not isinstance(payload.get("receipts"), list):
             raise BadRequest('expected {"receipts": ["...", ...]}')
+        _known_fields(payload, _SETTLE_FIELDS[action])
         receipts = payload["receipts"]
         if len(receipts) > limit:
             raise BatchTooLarge(f"{len(receipts)} receipts is over the batch limit of {limit}")
 
         def given(name: str) -> float | None:
-            # The number may come as a field of the body or, as with a frame, in the query.
+            # The number may come as a field of the body or, as with a frame, in the query;
+            # given in both (each checked), the body's is the one used.
+            query = _float_param(request, name, 0.0, MAX_VISIBILITY_S)
             if name not in payload:
-                return _float_param(request, name, 0.0, MAX_VISIBILITY_S)
-            if name in request.query:
-                raise BadRequest(f"{name}: give it in the JSON body or the query, not both")
+                return query
             return _float_field(payload, name, 0.0, MAX_VISIBILITY_S, 0.0)
 
     delay_s = given("delay_s") or 0.0
     visibility_s = 0.0
     if action == "extend":
         vis = given("visibility_s")
-        if vis is None:
-            raise BadRequest("visibility_s: required to extend a lease")
+        if vis is None:  # a lease as long as a receive's that gives none
+            vis = (await node.queue_settings(queue)).visibility_timeout_s
         visibility_s = vis
     if not receipts:
         raise BadRequest("receipts: expected at least one receipt")
@@ -1032,6 +1088,14 @@ async def _settle(request: Request, action: str) -> Response:
             "failed": [{"receipt": r, "code": c} for r, c in failed.items()],
         }
     )
+
+
+# The fields of a JSON ack, nack or extend (ack and extend ignore delay_s, but check it).
+_SETTLE_FIELDS = {
+    "ack": frozenset({"receipts", "delay_s"}),
+    "nack": frozenset({"receipts", "delay_s"}),
+    "extend": frozenset({"receipts", "delay_s", "visibility_s"}),
+}
 
 
 def _frame_receipts(raw: bytes, limit: int) -> list[Any]:
@@ -1138,6 +1202,7 @@ async def push_tied(request: Request) -> Response:
     payload = await _json_body(request)
     if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
         raise BadRequest('expected {"messages": [{"queue": ..., "body": ...}, ...]}')
+    _known_fields(payload, frozenset({"token", "messages"}))
     raw = payload["messages"]
     if not 1 <= len(raw) <= node.config.limits.max_batch_messages:
         raise BadRequest("messages: expected 1..max_batch_messages copies")
@@ -1146,11 +1211,11 @@ async def push_tied(request: Request) -> Response:
         if not isinstance(m, dict):
             raise InvalidMessage(f"messages[{i}]: expected an object")
         for key in ("id", "dedup_id", "group"):
-            if m.get(key) is not None:
+            if key in m:
                 raise BadRequest(f"messages[{i}]: a tied copy takes no {key}")
+        _known_fields(m, _TIED_FIELDS, f"messages[{i}]: ")
         queues.append(validate_queue_name(m.get("queue")))
-    if len(set(queues)) != len(queues):
-        raise BadRequest("messages: one copy a queue")
+    # A queue may hold several copies of a tie: as everywhere, one of them is delivered.
     _check_rights(request, queues, WRITE)
     token = _tie_token(payload["token"]) if payload.get("token") is not None else None
     if token is None:
@@ -1172,6 +1237,7 @@ async def push_tied(request: Request) -> Response:
                 node.config.limits.max_message_bytes,
                 False,
                 node.placement.owner,
+                _MESSAGE_FIELDS,
             )
         except ZdmqError as e:
             e.message = f"messages[{i}]: {e.message.removeprefix('messages[0]: ')}"
@@ -1184,6 +1250,8 @@ async def push_tied(request: Request) -> Response:
     missing = [q for q, r in zip(queues, found, strict=True) if isinstance(r, QueueNotFound)]
     if missing:
         raise QueueNotFound(f"queue(s) {missing} do not exist: nothing was stored")
+    _no_fifo(queues, found)
+    await _fit_queues(node, queues, items)
     copies = [(q, item.id) for q, item in zip(queues, items, strict=True)]
     await node.tie_local(token, copies)  # before any copy: every stored copy has its tie
     results = await asyncio.gather(
@@ -1357,6 +1425,7 @@ async def _publish_items(request: Request, node: Node) -> list[_Copy]:
         ctype = request.headers.get("Content-Type")
         if ctype is not None:
             validate_content_type(ctype)
+            validate_body_type(body, ctype)
         return [_Copy(PushItem("", body, ctype, False, *_header_options(request)), dedup_id)]
     if _is_frame(request):
         b = decode_batch(request.body, max_count=limits.max_batch_messages)
@@ -1376,6 +1445,9 @@ async def _publish_items(request: Request, node: Node) -> list[_Copy]:
         raw = payload.get("messages") if isinstance(payload, dict) else None
         if isinstance(raw, list) and any(isinstance(m, dict) and "id" in m for m in raw):
             raise BadRequest("a publish batch takes dedup_id, not id: each copy has its own")
+        for m in raw if isinstance(raw, list) else ():
+            if isinstance(m, dict):
+                _no_group_field(m)
         items = _batch_items(
             "q",
             payload,
@@ -1383,10 +1455,55 @@ async def _publish_items(request: Request, node: Node) -> list[_Copy]:
             limits.max_message_bytes,
             False,
             node.placement.owner,
+            _PUBLISH_FIELDS,
         )
         dedups = [m.get("dedup_id") for m in raw] if isinstance(raw, list) else []
     _no_groups(items)
     return [_Copy(item, d) for item, d in zip(items, dedups, strict=True)]
+
+
+def _no_fifo(queues: Sequence[str], found: Sequence[Any]) -> None:
+    """Copies of a broadcast or a tie have no group: none may go to a FIFO queue (409,
+    before any is stored). `found` is each queue's metadata (or the error reading it)."""
+    fifo = [
+        q
+        for q, meta in zip(queues, found, strict=True)
+        if isinstance(meta, dict) and meta["settings"].get("fifo")
+    ]
+    if fifo:
+        raise FifoConflict(
+            f"queue(s) {sorted(set(fifo))} are FIFO queues, whose messages need a group: "
+            "nothing was stored"
+        )
+
+
+async def _fit_queues(node: Node, queues: Sequence[str], items: Sequence[PushItem]) -> None:
+    """Copies of a publish, broadcast or tie go to queues that may each have a size limit
+    of their own (max_message_bytes): one that a copy would be over is 413, naming the
+    queues, before anything is stored, rather than a publish stored in the others. (A
+    queue whose settings cannot be read is left to the store, which reports it.)"""
+    largest = max([len(item.body) for item in items], default=0)
+    found = await asyncio.gather(*(node.queue_settings(q) for q in queues), return_exceptions=True)
+    over = sorted(
+        {
+            q
+            for q, s in zip(queues, found, strict=True)
+            if isinstance(s, QueueSettings)
+            and s.max_message_bytes is not None
+            and largest > s.max_message_bytes
+        }
+    )
+    if over:
+        raise MessageTooLarge(
+            f"a message of {largest} bytes is over the max_message_bytes of queue(s) {over}: "
+            "nothing was stored"
+        )
+
+
+def _no_group_field(message: dict[str, Any]) -> None:
+    """A publish's or broadcast's message takes no group (FIFO queues take pushes only)."""
+    if "group" in message:
+        raise BadRequest("a publish or broadcast takes no group: FIFO queues take pushes only")
 
 
 def _no_groups(items: Iterable[PushItem]) -> None:
@@ -1401,7 +1518,8 @@ async def _fan_out(
     """Stores a copy of every message in every queue, all queues in parallel; replies once
     every copy is committed. A copy's id derives from the message's dedup id, `source`
     and the queue (copy_message_id), so a retry stores none twice; without a dedup id
-    it is fresh. A queue that does not exist (deleted meanwhile) is skipped and named;
+    it is fresh. A queue that does not exist (deleted meanwhile), or is now a FIFO queue
+    (deleted and created again as one: its messages need a group), is skipped and named;
     any other failure fails the whole call (PublishIncomplete naming the queues)."""
 
     def items_for(queue: str) -> list[PushItem]:
@@ -1413,6 +1531,7 @@ async def _fan_out(
             for c in copies
         ]
 
+    await _fit_queues(node, queues, [c.item for c in copies])
     parts = {q: items_for(q) for q in queues}
     results = await asyncio.gather(
         *(_store_items(node, q, part) for q, part in parts.items()), return_exceptions=True
@@ -1421,7 +1540,7 @@ async def _fan_out(
     failed: list[dict[str, str]] = []
     stored: dict[str, Any] = {}
     for (queue, part), r in zip(parts.items(), results, strict=True):
-        if isinstance(r, QueueNotFound):
+        if isinstance(r, QueueNotFound | FifoConflict):
             missing.append(queue)
         elif isinstance(r, ZdmqError):
             failed.append({"queue": queue, "code": r.code, "message": r.message})
@@ -1464,12 +1583,12 @@ async def broadcast(request: Request) -> Response:
         raise BatchTooLarge(f"{len(queues)} queues is over the batch limit")
     for q in queues:
         validate_queue_name(q)
-    if len(set(queues)) != len(queues):
-        raise BadRequest("queues: each queue once")
+    queues = list(dict.fromkeys(queues))  # a queue named twice gets one copy
     _check_rights(request, queues, WRITE)
     message = {k: v for k, v in payload.items() if k != "queues"}
     if "id" in message:
         raise BadRequest("a broadcast takes dedup_id, not id: each copy has its own")
+    _no_group_field(message)
     [item] = _batch_items(
         "q",
         {"messages": [message]},
@@ -1477,6 +1596,7 @@ async def broadcast(request: Request) -> Response:
         node.config.limits.max_message_bytes,
         False,
         node.placement.owner,
+        _PUBLISH_FIELDS,
     )
     _no_groups([item])
     copy = _Copy(item, message.get("dedup_id"))
@@ -1489,6 +1609,7 @@ async def broadcast(request: Request) -> Response:
     for r in found:
         if isinstance(r, BaseException):
             raise r
+    _no_fifo(queues, found)
     return _fanned_out(await _fan_out(node, "", queues, [copy]))
 
 

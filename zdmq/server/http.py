@@ -171,7 +171,7 @@ def error_response(err: ZdmqError) -> Response:
     resp = json_response(err.to_wire(), status=err.status)
     if isinstance(err, MethodNotAllowed) and err.allow:
         resp.headers["Allow"] = ", ".join(err.allow)  # RFC 9110: a 405 lists what the path takes
-    elif err.status == 503:
+    elif err.retriable and err.status == 503:
         resp.headers["Retry-After"] = RETRY_AFTER_S  # a leader, or the node, soon back
     return resp
 

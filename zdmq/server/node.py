@@ -34,6 +34,7 @@ from zdmq.auth import NodeSigner, node_secret
 from zdmq.config import ClusterConfig
 from zdmq.errors import (
     BadRequest,
+    FifoConflict,
     InternalError,
     Misrouted,
     NodeUnavailable,
@@ -424,12 +425,17 @@ class Node:
             )
         dlq = settings.dead_letter_queue
         if dlq is not None:
+            # The dead-letter queue must exist already: 404, as for any queue a call names
+            # that does not exist. The queue itself does not exist yet, so it cannot be one.
             if dlq == queue:
-                raise BadRequest("dead_letter_queue: a queue cannot be its own dead-letter queue")
+                raise QueueNotFound(
+                    f"dead_letter_queue: queue {dlq!r} does not exist yet (a queue cannot be "
+                    "its own dead-letter queue)"
+                )
             try:
                 await self.metadata_via_owner(dlq)
             except QueueNotFound:
-                raise BadRequest(
+                raise QueueNotFound(
                     f"dead_letter_queue: queue {dlq!r} does not exist; create it first"
                 ) from None
             if queue in self.state.meta:  # created meanwhile
@@ -580,9 +586,16 @@ class Node:
         through a commit of its own (`publish_targets`)."""
         if topic not in self.state.topics:
             raise TopicNotFound(f"topic {topic!r} does not exist")
+        if settings is not None and settings.fifo:
+            raise BadRequest("settings: a topic's queue is not a FIFO queue (fifo: false)")
         created = False
         try:
-            await self.metadata_via_owner(queue)
+            meta = await self.metadata_via_owner(queue)
+            if meta["settings"].get("fifo"):
+                raise FifoConflict(
+                    f"queue {queue!r} is a FIFO queue: a topic's copies have no group, so it "
+                    "cannot subscribe"
+                )
         except QueueNotFound:
             wire = (settings or QueueSettings()).to_wire()
 
@@ -758,14 +771,16 @@ class Node:
         priority, deadline or delay; other queues' messages have no group."""
         if not settings.fifo:
             if any([item.group is not None for item in items]):
-                raise BadRequest(f"queue {queue!r} is not a FIFO queue: its messages take no group")
+                raise FifoConflict(
+                    f"queue {queue!r} is not a FIFO queue: its messages take no group"
+                )
             return
         owner = self.placement.owner
         for item in items:
             if item.group is None:
-                raise BadRequest(f"queue {queue!r} is a FIFO queue: every message needs a group")
+                raise FifoConflict(f"queue {queue!r} is a FIFO queue: every message needs a group")
             if item.priority or item.deadline or item.delay_s:
-                raise BadRequest(
+                raise FifoConflict(
                     f"queue {queue!r} is a FIFO queue: its messages take no priority, "
                     "deadline, ttl_s or delay_s"
                 )
