@@ -191,7 +191,6 @@ def test_drain_whose_task_fails_on_its_first_attempt_writes_every_id_once_and_le
     assert left.messages == 0 and left.in_flight == 0
 
 
-@pytest.mark.slow  # ~13 s: Spark takes about 10 s to give up on a crashed Python worker
 def test_drain_whose_worker_is_killed_acks_only_what_it_wrote_and_leaves_the_rest_leased(
     spark: Any, cluster: LocalCluster, tmp_path: Path
 ) -> None:
