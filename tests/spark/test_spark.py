@@ -107,7 +107,7 @@ def counters(cluster: LocalCluster) -> Counter[str]:
 
 # ---- the drain job ----------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "n", [20_000, pytest.param(100_000, marks=pytest.mark.slow, id="100000-messages")]
+    "n", [5_000, pytest.param(100_000, marks=pytest.mark.slow, id="100000-messages")]
 )
 def test_drain_writes_every_pushed_id_exactly_once_with_identical_bodies_and_acks_them(
     spark: Any, cluster: LocalCluster, tmp_path: Path, n: int
