@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.helpers import unique, wait_until
 from tests.scrape import ELECTION_TIMEOUT_S, scrape, total, value
@@ -19,6 +20,7 @@ from zdmq.local import LocalCluster
 from zdmq.logs import REQUEST_ID_HEADER
 
 
+@pytest.mark.main_pass_only  # replication 3 of its own
 async def test_metrics_count_a_replicated_workload_and_show_a_killed_leader_replaced(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
 ) -> None:
