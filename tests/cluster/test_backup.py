@@ -26,6 +26,10 @@ from tests.helpers import unique
 from zdmq import Client, ReceivedMessage
 from zdmq.local import LocalCluster
 
+# Its clusters are its own, with the replication each test gives and never TLS: the TLS,
+# replication 3 pass of tests/cluster would run them exactly as the first pass did.
+pytestmark = pytest.mark.main_pass_only
+
 ADMIN = "admin-token-0123456789abcdef"
 ORDERS_ADMIN = "orders-admin-0123456789abcdef"  # admin on orders-* only
 TOKENS = [

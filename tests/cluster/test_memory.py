@@ -66,6 +66,7 @@ async def test_memory_freed_by_large_bodies_goes_back_to_the_kernel_once_the_nod
 
 @pytest.mark.skipif(not Heap().tunable, reason="glibc's malloc only")
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+@pytest.mark.main_pass_only  # one node with TLS of its own in every pass
 async def test_a_tls_node_frees_each_closed_connection_and_its_buffers(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import yaml
 
 from tests.helpers import unique, wait_until
@@ -23,6 +24,7 @@ from zdmq.local import LocalCluster
 from zdmq.logs import REQUEST_ID_HEADER, parse_ready_line
 
 
+@pytest.mark.main_pass_only  # replication 3 of its own
 async def test_metrics_count_a_replicated_workload_and_show_a_killed_leader_replaced(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
 ) -> None:

@@ -165,6 +165,7 @@ async def _member_counts(cluster: LocalCluster, group: str) -> list[int]:
     return out
 
 
+@pytest.mark.main_pass_only  # replication 3 of its own
 async def test_a_cancelled_message_is_gone_on_every_replica_and_stays_gone_after_a_leader_kill(
     make_cluster: Callable[..., LocalCluster], client_ssl: ssl.SSLContext | None
 ) -> None:

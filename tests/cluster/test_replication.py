@@ -121,6 +121,7 @@ class Producers:
         await asyncio.gather(*self._tasks)
 
 
+@pytest.mark.main_pass_only
 async def test_pushes_keep_being_acknowledged_while_a_node_is_killed_and_none_is_lost(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -171,6 +172,7 @@ async def test_a_paused_leader_is_replaced_and_its_group_takes_writes_within_sec
     assert [m.id for m in got] == [mid]
 
 
+@pytest.mark.main_pass_only
 async def test_a_node_that_lost_its_disk_rejoins_with_every_message_it_should_hold(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -194,6 +196,7 @@ async def test_a_node_that_lost_its_disk_rejoins_with_every_message_it_should_ho
     assert got == set(acked)
 
 
+@pytest.mark.main_pass_only
 async def test_pop_hands_no_message_out_twice_across_a_leader_kill(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -371,6 +374,7 @@ async def test_a_member_behind_the_compacted_log_catches_up_from_a_snapshot(
     ],
     ids=["entries", "bytes"],
 )
+@pytest.mark.main_pass_only
 async def test_the_raft_log_stays_bounded_under_a_long_run(
     make_cluster: Callable[..., LocalCluster], knobs: dict[str, int], most: int
 ) -> None:

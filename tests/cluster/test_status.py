@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -144,9 +145,18 @@ async def test_zdmq_status_json_is_the_endpoints_and_matches_the_queue_stats(
     await client.delete_queue(q)
 
 
-def _pane(session: str) -> str:
+def _tmux(socket: Path, *args: str) -> list[str]:
+    """A tmux command on a server of the test's own (`-S`): a tmux server already running,
+    another test run's say, would start the command with that server's environment."""
+    return ["tmux", "-S", str(socket), *args]
+
+
+def _pane(socket: Path, session: str) -> str:
     return subprocess.run(
-        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
+        _tmux(socket, "capture-pane", "-p", "-t", session),
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
 
 
@@ -158,14 +168,14 @@ def _shown_depth(screen: str, queue: str) -> int | None:
 
 
 async def test_zdmq_status_watch_redraws_in_a_terminal(
-    cluster4: LocalCluster, client: Client
+    cluster4: LocalCluster, client: Client, tmp_path: Path
 ) -> None:
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (apt-get install tmux)")
     q = unique("watch")
     await client.create_queue(q)
     await _push(client, q, 5)
-    session = unique("zdmq-watch")
+    session, socket = unique("zdmq-watch"), tmp_path / "tmux.sock"
     command = " ".join(
         [
             sys.executable,
@@ -179,18 +189,21 @@ async def test_zdmq_status_watch_redraws_in_a_terminal(
     )
     await asyncio.to_thread(
         subprocess.run,
-        ["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "60", command],
+        _tmux(socket, "new-session", "-d", "-s", session, "-x", "160", "-y", "60", command),
         check=True,
-        env={**os.environ, "TERM": "xterm-256color"},
+        # The terminal gives the watch its size: COLUMNS and LINES (pytest-xdist's workers
+        # set 80 and 24) would override it, and a short screen cuts the queue table.
+        env={k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+        | {"TERM": "xterm-256color"},
     )
     try:
 
         async def shows(n: int) -> bool:
-            return _shown_depth(await asyncio.to_thread(_pane, session), q) == n
+            return _shown_depth(await asyncio.to_thread(_pane, socket, session), q) == n
 
         await wait_until(lambda: shows(5), timeout_s=15, what="the watch to show the queue")
         await _push(client, q, 7)
         await wait_until(lambda: shows(12), timeout_s=5, what="the watch to redraw the push")
     finally:
-        await asyncio.to_thread(subprocess.run, ["tmux", "kill-session", "-t", session])
+        await asyncio.to_thread(subprocess.run, _tmux(socket, "kill-server"))
     await client.delete_queue(q)

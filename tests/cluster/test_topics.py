@@ -245,6 +245,7 @@ async def test_copies_keep_the_priority_delay_and_attributes_of_what_was_publish
     assert (await client.stats(sub)).delayed == 1
 
 
+@pytest.mark.main_pass_only  # replication 3 of its own; tests/fault/test_topics.py too
 async def test_every_acknowledged_publish_reaches_every_subscription_across_a_kill(
     make_cluster: Callable[..., LocalCluster],
 ) -> None:

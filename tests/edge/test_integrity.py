@@ -3,7 +3,7 @@
 On a live 4-node cluster, a seeded set of messages (random sizes, bytes and content types;
 a JSON content type with a JSON body, as a node requires) is pushed into one queue three
 ways: JSON batches, binary batch frames and single raw pushes, to every node in turn. Then,
-for a bounded time, the cluster is attacked:
+for a bounded time (8 s by default, a minute in the slow run), the cluster is attacked:
 
 - schemathesis (tests/edge/fuzzing.py), valid and invalid calls of every operation, on any
   queue but the seeded one;
@@ -46,7 +46,6 @@ from zdmq.local import LocalCluster
 from zdmq.models import BATCH_CONTENT_TYPE, encode_batch
 
 SEEDED = 2000
-ATTACK_S = 20.0
 CONTENT_TYPES = (
     None,
     "application/json",
@@ -307,24 +306,27 @@ def _drain(urls: list[str], queue: str) -> list[tuple[str, bytes, str | None, bo
     return got
 
 
+@pytest.mark.parametrize(
+    "attack_s", [pytest.param(8.0, id="8s"), pytest.param(60.0, marks=pytest.mark.slow, id="60s")]
+)
 def test_seeded_messages_come_back_exactly_once_and_intact_after_hostile_input(
-    cluster: LocalCluster,
+    cluster: LocalCluster, attack_s: float
 ) -> None:
     print(f"\nintegrity seed {SEED} (ZDMQ_FUZZ_SEED)")
     urls = cluster.urls
-    queue = f"seeded-{SEED}"
+    queue = f"seeded-{SEED}-{attack_s:g}s"  # each run its own queue and messages
     started = time.monotonic()
-    sent = _seed_queue(urls, queue, random.Random(SEED))
+    sent = _seed_queue(urls, queue, random.Random(queue))
     seeded_s = time.monotonic() - started
 
     with requests.Session() as s:
         for q in POOL:
             assert s.put(f"{urls[1]}/v1/queues/{q}").status_code in (201, 409)
     schema = schemathesis.openapi.from_url(
-        f"{urls[0]}/v1/openapi.yaml", config=fuzz_config(max_examples=20)
+        f"{urls[0]}/v1/openapi.yaml", config=fuzz_config(max_examples=8)
     )
     fuzz = LiveFuzz(urls, pool=POOL, avoid={queue})
-    until = time.monotonic() + ATTACK_S
+    until = time.monotonic() + attack_s
     raw = Attack(Counter(), [])
     attacker = threading.Thread(target=_attack_raw, args=(urls, queue, SEED, until, raw))
     attacker.start()
@@ -332,9 +334,7 @@ def test_seeded_messages_come_back_exactly_once_and_intact_after_hostile_input(
     rounds = 0
     try:
         while time.monotonic() < until:
-            found = run_operations(
-                schema, fuzz, max_examples=20, seed=SEED + rounds, deadline=until
-            )
+            found = run_operations(schema, fuzz, max_examples=8, seed=SEED + rounds, deadline=until)
             rounds += 1
             for label, why in found.items():
                 failures.setdefault(label, why)

@@ -1,6 +1,7 @@
 """Faults on real node processes: kill -9 and restart, SIGSTOP and SIGCONT, a lost disk,
-and (for nodes in network namespaces) partitions; `run` draws them at random, `rounds` is the
-replicated acceptance schedule (a kill -9 every period, a SIGSTOP every third round).
+and (for nodes in network namespaces) partitions; `run` draws them at random, `round` draws
+each of a set once, `rounds` is the replicated acceptance schedule (a kill -9 every period, a
+SIGSTOP every third round).
 
 Works on a `zdmq.local.LocalCluster` (loopback nodes, or nodes in network namespaces, see
 netns.py): it signals only the node processes that cluster started, by their PID, and
@@ -146,15 +147,32 @@ class Nemesis:
             await asyncio.sleep(self.rng.uniform(*interval_s))
             if loop.time() >= deadline:
                 return
-            fault = self.rng.choice(list(faults))
-            node = self.rng.choice(candidates)
-            if fault == "kill":
-                await self.kill(node, self.rng.uniform(0.2, 1.0))
-            elif fault == "pause":
-                await self.pause(node, self.rng.uniform(1.0, 3.0))
-            elif fault == "lose_disk":
-                await self.lose_disk(node, self.rng.uniform(0.2, 1.0))
-            elif fault == "partition":
-                await self.partition(self.rng.uniform(1.0, 3.0))
-            else:
-                raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")
+            await self._random(self.rng.choice(list(faults)), self.rng.choice(candidates))
+
+    async def round(
+        self,
+        faults: Sequence[str],
+        *,
+        nodes: Sequence[str] | None = None,
+        interval_s: tuple[float, float] = (1.0, 2.0),
+    ) -> None:
+        """Each of `faults` once, in a random order, on random `nodes`, drawn as `run`
+        draws them, a random quiet gap (`interval_s`) before each: a short run that still
+        has every kind of fault."""
+        candidates = list(nodes or self.cluster.nodes)
+        for fault in self.rng.sample(list(faults), len(faults)):
+            await asyncio.sleep(self.rng.uniform(*interval_s))
+            await self._random(fault, self.rng.choice(candidates))
+
+    async def _random(self, fault: str, node: str) -> None:
+        """`fault` on `node` (a partition draws its own sides), lasting a random while."""
+        if fault == "kill":
+            await self.kill(node, self.rng.uniform(0.2, 1.0))
+        elif fault == "pause":
+            await self.pause(node, self.rng.uniform(1.0, 3.0))
+        elif fault == "lose_disk":
+            await self.lose_disk(node, self.rng.uniform(0.2, 1.0))
+        elif fault == "partition":
+            await self.partition(self.rng.uniform(1.0, 3.0))
+        else:
+            raise ValueError(f"unknown fault {fault!r}; known: {FAULTS}")

@@ -5,8 +5,8 @@ between them.
 never meet:
 
 - a bridge `zbr-<suffix>` in the host's namespace, address 10.77.X.254/24 (X drawn so that
-  no route of the host overlaps), through which this process (the workload's clients)
-  reaches every node;
+  no route of the host overlaps, one run at a time under a lock file), through which this
+  process (the workload's clients) reaches every node;
 - per node, a namespace `zdmq<i>-<suffix>` with a veth pair: `eth0` inside, 10.77.X.i/24,
   the other end `zv<i>-<suffix>` on the bridge; and an nftables table `inet zdmq` whose
   `input` chain the partitions fill;
@@ -31,12 +31,14 @@ reason (tests skip on it).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import secrets
 import shutil
 import ssl
 import subprocess
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -49,6 +51,7 @@ from tests.helpers import make_ca_and_cert
 from zdmq.local import LocalCluster
 
 PORT = 7701
+SUBNET_LOCK = Path(tempfile.gettempdir()) / "zdmq-netns-subnet.lock"
 TABLE = """
 table inet zdmq {
     chain input { type filter hook input priority 0; policy accept; }
@@ -140,15 +143,19 @@ class NetnsCluster:
         return f"10.77.{random.choice(free)}"
 
     def _network(self) -> None:
-        self.subnet = self._free_subnet()
-        try:
-            _run("ip", "netns", "add", self.namespaces[self.node_ids[0]])
-        except subprocess.CalledProcessError as e:
-            raise NetnsUnavailable(f"ip netns add failed: {e.stderr.strip()}") from e
-        self._made_ns.append(self.namespaces[self.node_ids[0]])
-        _run("ip", "link", "add", self.bridge, "type", "bridge")
-        self._made_links.append(self.bridge)
-        _run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+        # Runs in parallel (pytest-xdist's workers, other checkouts) each draw a subnet:
+        # one at a time from the draw until the bridge holds it, so two never draw one.
+        with open(SUBNET_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.subnet = self._free_subnet()
+            try:
+                _run("ip", "netns", "add", self.namespaces[self.node_ids[0]])
+            except subprocess.CalledProcessError as e:
+                raise NetnsUnavailable(f"ip netns add failed: {e.stderr.strip()}") from e
+            self._made_ns.append(self.namespaces[self.node_ids[0]])
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            self._made_links.append(self.bridge)
+            _run("ip", "addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         for i, nid in enumerate(self.node_ids, 1):
             ns, veth = self.namespaces[nid], self.veths[i - 1]

@@ -79,8 +79,8 @@ async def fifo_through_a_kill(
 async def test_fifo_groups_keep_their_order_through_a_kill(
     cluster: LocalCluster, tmp_path: Path, seed: int
 ) -> None:
-    """20 groups x 300 messages (about 20 s)."""
-    await fifo_through_a_kill(cluster, tmp_path, seed, per_group=300, until_s=120)
+    """20 groups x 150 messages (about 10 s)."""
+    await fifo_through_a_kill(cluster, tmp_path, seed, per_group=150, until_s=120)
 
 
 @pytest.mark.slow

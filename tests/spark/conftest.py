@@ -1,5 +1,6 @@
 """One local SparkSession per test module (local[2,2]: two cores, and a failed task is
-retried once), the `zdmq` data source registered, and helpers to read a queue's state."""
+retried once), the `zdmq` data source registered, and helpers to read a queue's state.
+All of them run on one JVM, which this process starts once."""
 
 from __future__ import annotations
 
@@ -18,15 +19,20 @@ from zdmq.local import LocalCluster
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    import zdmq.spark
-
-    # Spark's Python workers import the test modules' functions (a test's transform) by
-    # name: they need the repository on their path, and this interpreter.
+@pytest.fixture(scope="session")
+def spark_workers() -> None:
+    """Spark's Python workers import the test modules' functions (a test's transform) by
+    name: they need the repository on their path, and this interpreter. Set before this
+    process starts Spark's JVM (once: later sessions reuse it), whose workers inherit them."""
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
+@pytest.fixture(scope="module")
+def spark(spark_workers: None) -> Iterator[Any]:
+    import zdmq.spark
+
     session = zdmq.spark.session(
         "local[2,2]",
         app_name="zdmq-tests",

@@ -1,5 +1,7 @@
-"""`zdmq spark drain` and the Spark part of `zdmq demo`, as a user runs them (subprocesses
-with their own SparkSession on local[2])."""
+"""`zdmq spark drain` and the Spark part of `zdmq demo`, as a user runs them: the CLI's
+`main` with a user's arguments, its output and exit code. The runs that start Spark call it
+in this process, so that they start a SparkSession on local[2] on the JVM the Spark tests
+share rather than a JVM each; the others run `python -m zdmq.cli` in a subprocess."""
 
 from __future__ import annotations
 
@@ -7,12 +9,15 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import zdmq
 from tests.helpers import unique
+from zdmq import cli
 from zdmq.local import LocalCluster
 
 pytestmark = pytest.mark.spark
@@ -28,8 +33,23 @@ def zdmq_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+@pytest.fixture
+def zdmq_here(
+    spark_workers: None, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """`zdmq *args` run by the CLI's `main` in this process: its exit code and output."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = cli.main(list(args))
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["zdmq", *args], code, out.out, out.err)
+
+    return run
+
+
 def test_spark_drain_command_writes_parquet_and_empties_the_queue(
-    cluster4: LocalCluster, tmp_path: Path
+    cluster4: LocalCluster, tmp_path: Path, zdmq_here: Callable[..., Any]
 ) -> None:
     q = unique("cli-drain")
 
@@ -40,7 +60,7 @@ def test_spark_drain_command_writes_parquet_and_empties_the_queue(
 
     ids = asyncio.run(push())
     out = tmp_path / "out"
-    r = zdmq_cli(
+    r = zdmq_here(
         "spark", "drain", "--config", str(cluster4.config_path), "--queue", q,
         "--out", str(out), "--master", "local[2]", "--decode", "utf-8",
     )  # fmt: skip
@@ -68,9 +88,9 @@ def test_spark_drain_of_a_missing_queue_fails_with_its_code(cluster4: LocalClust
 
 
 def test_demo_runs_the_spark_pipeline_and_checks_the_aggregate(
-    cluster4: LocalCluster, tmp_path: Path
+    cluster4: LocalCluster, tmp_path: Path, zdmq_here: Callable[..., Any]
 ) -> None:
-    r = zdmq_cli(
+    r = zdmq_here(
         "--config", str(cluster4.config_path), "demo", "--messages", "1500",
         "--master", "local[2]", "--out", str(tmp_path),
     )  # fmt: skip
