@@ -362,7 +362,7 @@ async def test_a_leader_sends_its_appends_while_it_writes_its_own_copy(tmp_path:
             # A write of its group's entries: the leader's own copy of b"x" (not a write
             # of another group it follows, whose leader may append meanwhile).
             if any(glog.group_id == "n0" and rd.entries for glog, rd in args[0]):
-                sent.wait(timeout=2.0)
+                sent.wait(timeout=WAIT_S)  # a busy host may be slow to send it
                 assert sent.is_set(), "the write waited for nothing: no append left before it"
             persist(*args)
 
