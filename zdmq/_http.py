@@ -34,7 +34,7 @@ from urllib.parse import quote, urlencode
 
 import orjson
 
-from zdmq.errors import NodeUnavailable, from_wire
+from zdmq.errors import NodeUnavailable, ZdmqError, from_wire
 
 __all__ = [
     "JSON_HEADERS",
@@ -45,7 +45,9 @@ __all__ = [
     "Reply",
     "call",
     "dumps",
+    "error_of",
     "loads",
+    "send",
     "take",
 ]
 
@@ -742,24 +744,45 @@ async def call(
     path, _, query = path.partition("?")
     if query:
         params = {**dict(_split_query(query)), **(params or {})}
+    reply = await send(
+        pool,
+        method,
+        origin,
+        path,
+        what=f"{method} {url}",
+        data=data,
+        headers=headers,
+        params=params,
+        timeout_s=timeout_s,
+    )
+    if reply.status >= 400:
+        raise error_of(reply)
+    return reply
+
+
+async def send(
+    pool: HttpPool, method: str, origin: str, path: str, *, what: str, **kw: Any
+) -> Reply:
+    """`pool.request`, its transport failures mapped to NodeUnavailable (`unsent` when
+    nothing listened), named by `what`; any reply, whatever its status."""
     try:
-        reply = await pool.request(
-            method, origin, path, data=data, headers=headers, params=params, timeout_s=timeout_s
-        )
+        return await pool.request(method, origin, path, **kw)
     except ConnectionRefusedError as e:
         # Nobody listens there: the request was not sent, so any call may be tried again.
-        err = NodeUnavailable(f"{method} {url}: {type(e).__name__}: {e}")
+        err = NodeUnavailable(f"{what}: {type(e).__name__}: {e}")
         err.unsent = True
         raise err from None
     except (TimeoutError, OSError, ConnectionError) as e:
-        raise NodeUnavailable(f"{method} {url}: {type(e).__name__}: {e}") from None
-    if reply.status >= 400:
-        try:
-            payload = loads(reply.body) if reply.body else None
-        except orjson.JSONDecodeError:
-            payload = None
-        raise from_wire(reply.status, payload)
-    return reply
+        raise NodeUnavailable(f"{what}: {type(e).__name__}: {e}") from None
+
+
+def error_of(reply: Reply) -> ZdmqError:
+    """The typed error a non-2xx reply's JSON body names (by its status if it names none)."""
+    try:
+        payload = loads(reply.body) if reply.body else None
+    except orjson.JSONDecodeError:
+        payload = None
+    return from_wire(reply.status, payload)
 
 
 def _split_query(query: str) -> Iterator[tuple[str, str]]:

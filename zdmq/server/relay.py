@@ -39,7 +39,7 @@ from urllib.parse import parse_qsl
 from zdmq import _http
 from zdmq.auth import NODE_AUTH_HEADER
 from zdmq.config import ClusterConfig
-from zdmq.errors import NodeUnavailable, NotLeader, from_wire
+from zdmq.errors import NodeUnavailable, NotLeader
 from zdmq.logs import REQUEST_ID_HEADER, request_id
 from zdmq.models import MAX_WAIT_S
 from zdmq.routing import GROUP_HEADER
@@ -171,28 +171,19 @@ class Relay:
     ) -> _http.Reply:
         """The call sent to `target`; NotLeader for its 421, NodeUnavailable when it did
         not answer (`unsent` when nothing listened)."""
-        try:
-            reply = await self.pool.request(
-                request.method,
-                self.member.urls[target],
-                request.path,
-                data=request.body,
-                headers=headers,
-                params=params,
-                timeout_s=timeout_s,
-            )
-        except ConnectionRefusedError as e:
-            err = NodeUnavailable(f"{target}: {type(e).__name__}: {e}")
-            err.unsent = True
-            raise err from None
-        except (TimeoutError, OSError, ConnectionError) as e:
-            raise NodeUnavailable(f"{target}: {type(e).__name__}: {e}") from None
+        reply = await _http.send(
+            self.pool,
+            request.method,
+            self.member.urls[target],
+            request.path,
+            what=target,
+            data=request.body,
+            headers=headers,
+            params=params,
+            timeout_s=timeout_s,
+        )
         if reply.status == NotLeader.status:
-            try:
-                payload = _http.loads(reply.body) if reply.body else None
-            except ValueError:
-                payload = None
-            refusal = from_wire(reply.status, payload)
+            refusal = _http.error_of(reply)
             if isinstance(refusal, NotLeader):
                 raise refusal
         return reply
