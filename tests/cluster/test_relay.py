@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.helpers import unique, wait_until
 from zdmq import Client
@@ -258,11 +257,6 @@ async def test_a_relayed_call_is_checked_against_the_callers_own_token(
     assert sum(c for n, c in served.items() if n != "n1") > 0, served
 
 
-@pytest.mark.xfail(
-    reason="known open bug: under TLS with replication 3, a call right after a SIGTERM "
-    "hand-over was once answered 404 queue_not_found for an existing queue",
-    strict=False,
-)
 async def test_a_node_stopped_with_sigterm_hands_its_group_over_and_no_plain_call_fails(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
 ) -> None:

@@ -554,6 +554,29 @@ async def test_a_member_handing_over_leads_nothing_and_is_not_handed_its_group_b
         assert c.datas("n1", "n0") == [b"first", b"after"]
 
 
+async def test_a_leader_handed_its_group_serves_only_once_it_applied_what_was_committed(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 3) as c:
+        await c.preferred_leaders()
+        await propose_on_leader(c, "n0", b"x")  # committed, its followers may not know yet
+        handing = asyncio.ensure_future(c.hosts["n0"].hand_over(WAIT_S))
+        served = None
+        loop = asyncio.get_running_loop()
+        end = loop.time() + WAIT_S
+        while served is None and loop.time() < end:
+            for n in ("n1", "n2"):
+                if c.hosts[n].serves("n0"):
+                    # Elected, it may not have applied x yet (here it usually has not):
+                    # it serves only once it has, so a read there sees x.
+                    assert b"x" in c.datas(n, "n0"), n
+                    served = n
+            await asyncio.sleep(0)
+        assert await handing
+        assert served is not None, "no new leader served"
+        assert not c.hosts["n0"].serves("n0")
+
+
 def last(c: Cluster, node: str) -> int:
     """The last index of `node`'s log of group n0, committed or not."""
     return c.hosts[node]._cores["n0"].log.last_index()

@@ -366,6 +366,9 @@ class RaftCore:
         self._persisted_hard = hard
         self.role = Role.FOLLOWER
         self.leader: str | None = None
+        # As leader: the index of the empty entry that opened its term. Once that is
+        # committed, so is everything an earlier leader committed (Raft, section 8).
+        self.term_start = 0
         self.progress: dict[str, Progress] = {}
         self._votes: dict[str, bool] = {}
         self._transferee: str | None = None
@@ -666,6 +669,7 @@ class RaftCore:
         self._reset()
         last = self.log.last_index()
         self.progress = {p: Progress(next=last + 1, active=p == self.id) for p in self.peers}
+        self.term_start = last + 1
         self.log.append([Entry(self.term, last + 1, None)])
         self._maybe_commit()
         self._broadcast_append()

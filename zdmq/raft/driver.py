@@ -592,6 +592,9 @@ class RaftHost:
         # Those made in a term this member no longer leads: group -> index -> the tick
         # their wait for an outcome ends at.
         self._deposed: dict[str, dict[int, int]] = {g: {} for g in groups}
+        # The last entry handed to the state machine, per group (the core hears of it
+        # at the round's end).
+        self._applied_to: dict[str, int] = {}
         # The term each group is led by this member in, None while it is not leader.
         self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
         # Whether the pump waits for a write (see `_beat_while_writing`).
@@ -907,6 +910,18 @@ class RaftHost:
 
     def is_leader(self, group: str) -> bool:
         return self._core(group).role is Role.LEADER
+
+    def serves(self, group: str) -> bool:
+        """Whether this member leads `group` and its state machine holds all that
+        was committed before its term. A new leader learns what an earlier one committed
+        only when the entry that opens its own term commits; before it has applied that
+        entry, a read of its state may miss an acknowledged change (a queue created just
+        before a hand-over). Proposals are taken from election on: they apply in order
+        after that entry."""
+        core = self._core(group)
+        if core.role is not Role.LEADER:
+            return False
+        return max(core.log.applied, self._applied_to.get(group, 0)) >= core.term_start
 
     def peer_silent(self, peer: str, after_s: float) -> bool:
         """Whether `peer` stopped answering this node's Raft traffic: a payload to it
@@ -1507,6 +1522,8 @@ class RaftHost:
                 core = self._cores[gid]
                 fut.set_exception(NotCommitted(core.leader, core.term))
                 self.counters["proposals_overwritten"] += 1
+        if entries:
+            self._applied_to[gid] = entries[-1].index
 
     # -- the transport --------------------------------------------------------------------
 

@@ -375,7 +375,17 @@ class Member:
         )
 
     def leads(self, group: str) -> bool:
-        return self.raft is not None and group in self.nodes and self.raft.is_leader(group)
+        """Whether this member serves `group`: it leads it and has applied all that
+        earlier leaders committed (driver.py: `serves`)."""
+        return self.raft is not None and group in self.nodes and self.raft.serves(group)
+
+    def _catching_up(self, group: str | None) -> bool:
+        """Whether this member leads `group` (None: any of its groups) but has not yet
+        applied what earlier leaders committed: it serves in a moment."""
+        if self.raft is None:
+            return False
+        groups = list(self.nodes) if group is None else [group] if group in self.nodes else []
+        return any(self.raft.is_leader(g) and not self.raft.serves(g) for g in groups)
 
     def _leader_of(self, group: str) -> str | None:
         if self.raft is not None and group in self.nodes:
@@ -403,7 +413,8 @@ class Member:
 
         While a named group has no leader (an election runs: at start, or after its
         leader failed), the call waits for one, up to LEADER_WAIT_S, rather than send its
-        caller away with nobody to go to."""
+        caller away with nobody to go to. So does a call to a leader just elected, until
+        it has applied what earlier leaders committed."""
         deadline = time.monotonic() + LEADER_WAIT_S
         while True:
             try:
@@ -411,7 +422,8 @@ class Member:
             except NotLeader as e:
                 # An election this member takes part in, with no leader known yet.
                 electing = e.leader is None and group is not None and group in self.nodes
-                if not electing or time.monotonic() >= deadline:
+                waiting = electing or self._catching_up(group)
+                if not waiting or time.monotonic() >= deadline:
                     raise
             await asyncio.sleep(0.05)
 
