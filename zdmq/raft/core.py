@@ -82,13 +82,31 @@ Log compaction and snapshots (Raft section 7, as etcd-io/raft does them):
     the snapshot's index, and the driver installs the state and resets the stored log
     (`Storage.restore`) before the core takes another input.
 
-Not built yet: membership changes (the peer set is fixed at construction), learners,
-and linearizable reads.
+Membership changes (Raft thesis §4.1, with learners as etcd-io/raft has them):
+  * A group's configuration (`Conf`: its voters and its learners) changes only through
+    its log, one member at a time (`propose_conf`): add a learner, promote a learner to
+    voter, or remove a member. A learner receives the log (and snapshots) but never
+    votes, campaigns or counts toward a commit, so a new member holds the group's
+    committed state before it can vote.
+  * Every member uses the newest configuration its log holds, committed or not, from the
+    moment the entry is appended; an entry that is overwritten takes its configuration
+    with it.
+  * A leader proposes a change only once it has committed an entry of its own term (the
+    fix of the single-server change bug, Ongaro 2015) and while no other change is
+    uncommitted, so two configurations in use at once differ by one voter and any
+    majority of one intersects any majority of the other.
+  * A leader that is not a voter of its configuration replicates and commits without
+    counting itself, and steps down once that configuration is committed.
+  * The driver gives the core the configuration its state machine held at `applied`
+    (it records them as it applies them, and a snapshot carries one: `restore`).
+
+Not built yet: linearizable reads.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -97,7 +115,11 @@ from zdmq.raft.identity import judge_ack
 from zdmq.raft.storage import Entry, HardState, SnapshotMeta, Storage
 
 __all__ = [
+    "CONF_PREFIX",
     "SENT_BEFORE_PERSIST",
+    "Conf",
+    "ConfChange",
+    "ConfChangeRefused",
     "Message",
     "MsgType",
     "NotCommitted",
@@ -112,6 +134,69 @@ __all__ = [
 MAX_ENTRIES_PER_MSG = 64
 #: The entries' bytes one append message carries at most (but always at least one entry).
 MAX_BYTES_PER_MSG = 1 << 20
+
+
+#: The first bytes of a configuration entry's data. 0xc1 is the one byte MessagePack never
+#: uses, so no command of the state machine (MessagePack, zdmq/server/machine.py) starts so.
+CONF_PREFIX = b"\xc1raft-conf:"
+
+
+@dataclass(frozen=True, slots=True)
+class Conf:
+    """A group's configuration: who votes, and who only receives the log."""
+
+    voters: frozenset[str]
+    learners: frozenset[str] = frozenset()
+
+    def members(self) -> frozenset[str]:
+        return self.voters | self.learners
+
+    def encode(self) -> bytes:
+        """The data of the log entry that makes this the configuration."""
+        body = {"voters": sorted(self.voters), "learners": sorted(self.learners)}
+        return CONF_PREFIX + json.dumps(body, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(data: bytes | None) -> Conf | None:
+        """The configuration an entry's data carries, or None for any other entry."""
+        if data is None or not data.startswith(CONF_PREFIX):
+            return None
+        body = json.loads(data[len(CONF_PREFIX) :])
+        return Conf(frozenset(body["voters"]), frozenset(body["learners"]))
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {"voters": sorted(self.voters), "learners": sorted(self.learners)}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfChange:
+    """One member's change: "add_learner", "promote" (learner to voter) or "remove"."""
+
+    kind: str
+    node: str
+
+    def applied_to(self, conf: Conf) -> Conf:
+        """The configuration after this change; ConfChangeRefused if it does not apply."""
+        node, voters, learners = self.node, conf.voters, conf.learners
+        if self.kind == "add_learner":
+            if node in voters or node in learners:
+                raise ConfChangeRefused(f"{node} is a member already")
+            return Conf(voters, learners | {node})
+        if self.kind == "promote":
+            if node not in learners:
+                raise ConfChangeRefused(f"{node} is not a learner")
+            return Conf(voters | {node}, learners - {node})
+        if self.kind == "remove":
+            if node not in voters and node not in learners:
+                raise ConfChangeRefused(f"{node} is not a member")
+            if voters == {node}:
+                raise ConfChangeRefused(f"{node} is the last voter")
+            return Conf(voters - {node}, learners - {node})
+        raise ConfChangeRefused(f"unknown change {self.kind!r}")
+
+
+class ConfChangeRefused(Exception):
+    """A configuration change the leader does not propose now (see `propose_conf`)."""
 
 
 class Role(enum.Enum):
@@ -338,9 +423,11 @@ class RaftCore:
         store_guard: bool = False,
         proven: bool = True,
         told: tuple[int, int] = (0, 0),
+        conf: Conf | None = None,
     ) -> None:
+        """`peers` are the voters (this member among them) unless `conf`, the group's
+        configuration as of `applied`, is given."""
         self.id = node_id
-        self.peers = tuple(sorted(set(peers) | {node_id}))
         assert election_ticks > heartbeat_ticks >= 1
         self.election_ticks = election_ticks
         self.heartbeat_ticks = heartbeat_ticks
@@ -363,9 +450,21 @@ class RaftCore:
         )
         self.log.committed = max(hard.commit, applied)
         self.log.applied = applied
+        # The configurations in use: the one at `applied`, then each configuration entry
+        # of the log after it, in log order; the last is the one in use.
+        base = conf or Conf(frozenset(peers) | {node_id})
+        self._confs: list[tuple[int, Conf]] = [(applied, base)]
+        if applied < self.log.last_index():
+            for e in self.log.slice(applied + 1, self.log.last_index() + 1):
+                c = Conf.decode(e.data)
+                if c is not None:
+                    self._confs.append((e.index, c))
+        self.peers: tuple[str, ...] = ()
+        self._voters: frozenset[str] = frozenset()
         self._persisted_hard = hard
         self.role = Role.FOLLOWER
         self.leader: str | None = None
+        self._use_conf()
         # As leader: the index of the empty entry that opened its term. Once that is
         # committed, so is everything an earlier leader committed (Raft, section 8).
         self.term_start = 0
@@ -392,6 +491,20 @@ class RaftCore:
         self.told = told
 
     @property
+    def conf(self) -> Conf:
+        """The configuration in use: the newest this log holds, committed or not."""
+        return self._confs[-1][1]
+
+    @property
+    def conf_index(self) -> int:
+        """The index of the entry that made `conf` the configuration (or at most the
+        applied index it was given at)."""
+        return self._confs[-1][0]
+
+    def is_voter(self) -> bool:
+        return self.id in self._voters
+
+    @property
     def transferee(self) -> str | None:
         """The member this leader is handing leadership to, if any."""
         return self._transferee
@@ -415,10 +528,11 @@ class RaftCore:
             self._election_elapsed = 0
             self._transferee = None
             if self.check_quorum:
+                voters = self._voters
                 heard = sum(
                     1
                     for p, pr in self.progress.items()
-                    if p == self.id or (pr.active and p not in self.probation)
+                    if p in voters and (p == self.id or (pr.active and p not in self.probation))
                 )
                 if heard < self._quorum():
                     self._become_follower(self.term, None)
@@ -438,7 +552,31 @@ class RaftCore:
         if self._transferee is not None:
             raise NotLeader(self._transferee, self.term)
         index = self.log.last_index() + 1
-        self.log.append([Entry(self.term, index, data)])
+        self._append([Entry(self.term, index, data)])
+        self._maybe_commit()
+        self._broadcast_append()
+        return index
+
+    def propose_conf(self, change: ConfChange) -> int:
+        """As leader, appends the configuration `change` makes of the one in use; returns
+        its index. Raises `NotLeader`, or `ConfChangeRefused` while this leader has not
+        committed an entry of its term, while another change is uncommitted, for a
+        change that does not apply, and for a promotion of a learner whose log is not
+        caught up to the commit index (it could not help commit yet)."""
+        if self.role is not Role.LEADER:
+            raise NotLeader(self.leader, self.term)
+        if self._transferee is not None:
+            raise NotLeader(self._transferee, self.term)
+        log = self.log
+        if log.committed < self.term_start:
+            raise ConfChangeRefused("the leader has not committed an entry of its term yet")
+        if self.conf_index > log.committed:
+            raise ConfChangeRefused("another configuration change is not committed yet")
+        new = change.applied_to(self.conf)
+        if change.kind == "promote" and self.progress[change.node].match < log.committed:
+            raise ConfChangeRefused(f"{change.node} is not caught up to the commit index")
+        index = log.last_index() + 1
+        self._append([Entry(self.term, index, new.encode())])
         self._maybe_commit()
         self._broadcast_append()
         return index
@@ -473,13 +611,16 @@ class RaftCore:
         m, self._snapshot_request = self._snapshot_request, None
         return m
 
-    def restore(self, index: int, term: int, leader: str | None = None) -> bool:
+    def restore(
+        self, index: int, term: int, leader: str | None = None, conf: Conf | None = None
+    ) -> bool:
         """A snapshot of the group's state at (`index`, `term`), committed, is here.
 
         Returns True when the driver must install it: the core dropped its log, which
         now starts after `index` (committed and applied up to it), and answers `leader`
         (if given) as to an append up to `index`; before the core takes another input
-        the driver installs the state and calls `Storage.restore`. Returns False when
+        the driver installs the state and calls `Storage.restore`; `conf` is the
+        configuration the snapshot holds (None: the one in use). Returns False when
         there is nothing to install: the snapshot is stale (at or below the commit
         index), or this log holds its entry at the same term (it only moves the commit
         index; the entries apply from the log), or this core is not a follower (it has
@@ -496,6 +637,8 @@ class RaftCore:
         log.offset = index + 1
         log.restored = SnapshotMeta(index, term)
         log.committed = log.applied = index
+        self._confs = [(index, conf or self.conf)]
+        self._use_conf()
         self._matched = max(self._matched, index)
         # The storage holds (term, vote, index) once the driver restores it.
         self._persisted_hard = self._persisted_hard._replace(commit=index)
@@ -509,7 +652,7 @@ class RaftCore:
         if self.role is not Role.LEADER:
             raise NotLeader(self.leader, self.term)
         index = self.log.last_index() + 1
-        self.log.append([Entry(self.term, index, None)])
+        self._append([Entry(self.term, index, None)])
         self._maybe_commit()
         self._broadcast_append()
         return index
@@ -537,6 +680,10 @@ class RaftCore:
         """Start an election now (after a PreVote round if PreVote is on)."""
         if self.role is Role.LEADER:
             return
+        if self.id not in self._voters:
+            # A learner, or a member removed: it never stands (it times out again).
+            self._election_elapsed = 0
+            return
         if not self._vouches_for(self.log.last_index(), self.log.last_term()):
             # It may not stand, but it timed out: it knows no leader (so no lease).
             self.leader = None
@@ -551,7 +698,8 @@ class RaftCore:
         """As leader, hand leadership to `to` once its log is caught up (TimeoutNow)."""
         if self.role is not Role.LEADER:
             raise NotLeader(self.leader, self.term)
-        assert to in self.peers, to
+        if to not in self._voters:
+            raise ConfChangeRefused(f"{to} is not a voter of the group")
         if to == self.id:
             return
         self._transferee = to  # given up at the next CheckQuorum round if not done by then
@@ -636,6 +784,8 @@ class RaftCore:
                 self._maybe_commit()  # its own log now counts as far as it is persisted
         if rd.committed:
             self.log.applied = rd.committed[-1].index
+            if len(self._confs) > 1:
+                self._conf_committed()
 
     # -- roles ----------------------------------------------------------------------------
 
@@ -670,7 +820,7 @@ class RaftCore:
         last = self.log.last_index()
         self.progress = {p: Progress(next=last + 1, active=p == self.id) for p in self.peers}
         self.term_start = last + 1
-        self.log.append([Entry(self.term, last + 1, None)])
+        self._append([Entry(self.term, last + 1, None)])
         self._maybe_commit()
         self._broadcast_append()
 
@@ -689,7 +839,7 @@ class RaftCore:
         if self._tally() == "won":
             self._won(kind)
             return
-        for p in self._others():
+        for p in sorted(self._voters - {self.id}):
             self._msgs.append(
                 Message(
                     kind,
@@ -712,7 +862,7 @@ class RaftCore:
         granted = sum(self._votes.values())
         if granted >= self._quorum():
             return "won"
-        if len(self._votes) - granted > len(self.peers) - self._quorum():
+        if len(self._votes) - granted > len(self._voters) - self._quorum():
             return "lost"
         return "pending"
 
@@ -766,8 +916,10 @@ class RaftCore:
                 self._send(MsgType.APPEND_RESP, m.src, index=self.log.committed)
             else:
                 self._snapshot_request = m
-        elif m.type is MsgType.TIMEOUT_NOW and self._vouches_for(
-            self.log.last_index(), self.log.last_term()
+        elif (
+            m.type is MsgType.TIMEOUT_NOW
+            and self.id in self._voters
+            and self._vouches_for(self.log.last_index(), self.log.last_term())
         ):
             self._become_candidate(force=True)
 
@@ -779,6 +931,8 @@ class RaftCore:
             return
         want = MsgType.PRE_VOTE_RESP if self.role is Role.PRE_CANDIDATE else MsgType.VOTE_RESP
         if m.type is not want:
+            return
+        if m.src not in self._voters:
             return
         self._votes.setdefault(m.src, not m.reject and m.src not in self.probation)
         outcome = self._tally()
@@ -797,7 +951,7 @@ class RaftCore:
             last_new = m.index + len(m.entries)
             conflict = log.find_conflict(m.entries)
             if conflict:
-                log.append(m.entries[conflict - m.index - 1 :])
+                self._append(m.entries[conflict - m.index - 1 :])
             log.commit_to(min(m.commit, last_new))
             self._matched = max(self._matched, last_new)
             self._heard_commit(m)
@@ -874,8 +1028,10 @@ class RaftCore:
         the last index the driver persisted (everything before `unstable`)."""
         self.progress[self.id].match = self.log.offset - 1
         probation = self.probation
+        voters = self._voters
         matches = sorted(
-            (pr.match for p, pr in self.progress.items() if p not in probation), reverse=True
+            (pr.match for p, pr in self.progress.items() if p in voters and p not in probation),
+            reverse=True,
         )
         q = self._quorum()
         if len(matches) < q:
@@ -889,6 +1045,7 @@ class RaftCore:
             for p in sorted(probation):
                 if p != self.id and p in self.progress:
                     self._send_append(p, even_if_empty=True)
+            self._conf_committed()
             return True
         return False
 
@@ -953,7 +1110,54 @@ class RaftCore:
         return [p for p in self.peers if p != self.id]
 
     def _quorum(self) -> int:
-        return len(self.peers) // 2 + 1
+        return len(self._voters) // 2 + 1
+
+    def _append(self, entries: Sequence[Entry]) -> None:
+        """Appends to the log, and uses the configuration its entries end with: the
+        newest of the log's, once an overwritten suffix took its own away."""
+        first = entries[0].index
+        self.log.append(entries)
+        confs = self._confs
+        changed = False
+        while len(confs) > 1 and confs[-1][0] >= first:
+            confs.pop()
+            changed = True
+        for e in entries:
+            if e.data is not None and e.data.startswith(CONF_PREFIX):
+                c = Conf.decode(e.data)
+                assert c is not None
+                confs.append((e.index, c))
+                changed = True
+        if changed:
+            self._use_conf()
+
+    def _use_conf(self) -> None:
+        conf = self.conf
+        self._voters = conf.voters
+        self.peers = tuple(sorted(conf.members() | {self.id}))
+        if self.role is Role.LEADER:
+            last = self.log.last_index()
+            for p in self.peers:
+                if p not in self.progress:
+                    self.progress[p] = Progress(next=last + 1)
+            for p in list(self.progress):
+                if p not in self.peers:
+                    del self.progress[p]
+
+    def _conf_committed(self) -> None:
+        """The commit index moved: configurations it passed are settled (the one in use
+        at the commit index is kept as the base), and a leader whose committed
+        configuration leaves it out as a voter steps down."""
+        committed = self.log.committed
+        confs = self._confs
+        while len(confs) > 1 and confs[1][0] <= committed:
+            confs.pop(0)
+        if (
+            self.role is Role.LEADER
+            and self.id not in self._voters
+            and (self.conf_index <= committed)
+        ):
+            self._become_follower(self.term, None)
 
     def _random_timeout(self) -> int:
         return self._rng.randrange(self.election_ticks, 2 * self.election_ticks)

@@ -858,7 +858,10 @@ class RaftHost:
             heard = [
                 (pr.match, p == pref, p)
                 for p, pr in core.progress.items()
-                if p != self.node_id and pr.active and p not in core.probation
+                if p != self.node_id
+                and pr.active
+                and p not in core.probation
+                and p in core.conf.voters
             ]
             if heard:
                 to = max(heard)[2]
@@ -1360,7 +1363,7 @@ class RaftHost:
             pref = self.preferred[gid]
             if core.role is not Role.LEADER or pref is None or pref == self.node_id:
                 continue
-            if pref in core.probation:
+            if pref in core.probation or pref not in core.conf.voters:
                 continue  # it could not win: this node would not vote for it
             pr = core.progress.get(pref)
             if pr is not None and pr.active and pr.match == core.log.last_index():
