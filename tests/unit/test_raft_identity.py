@@ -28,6 +28,32 @@ def test_a_first_sighting_records_and_a_new_identity_puts_the_peer_on_probation(
     assert book.reportable("h", "b") is None and book.cleared == {}
 
 
+def test_a_learners_replaced_store_is_cleared_where_it_learns_and_reportable() -> None:
+    book = PeerBook()
+    book.see("b", "b1", {"g": 1})
+    assert book.see("b", "b2", {"g": 4}, learning=["h"]) == ["g"]  # votes in g, learns in h
+    assert book.on_probation("h", ["b"]) == frozenset() and book.since("g", "b") == 4
+    assert book.reportable("h", "b") == "b2" and book.reportable("g", "b") is None
+
+
+def test_a_peer_that_left_a_group_is_forgotten_there_and_everywhere_once_it_shares_none() -> None:
+    book = PeerBook()
+    book.see("b", "b1", {"g": 1, "h": 1})
+    book.see("b", "b2", {"g": 5, "h": 5})
+    book.lift("h", "b")
+    book.take_changes()
+    book.forget("g", "b", last=False)  # it left g; h still has it
+    assert book.since("g", "b") is None and book.identities == {"b": "b2"}
+    book.forget("h", "b", last=True)
+    assert book.probation == {} and book.cleared == {} and book.identities == {}
+    assert book.take_changes() == ({"b": None}, {("g", "b"): None}, {("h", "b"): None})
+    # A late message of the store that left records nothing; a store of b that joins
+    # again is a first sighting, not a replaced store, and the one that left is then one.
+    assert book.see("b", "b2", {"g": 9}) == [] and book.identities == {}
+    assert book.see("b", "b3", {"g": 9}) == [] and book.probation == {}
+    assert book.see("b", "b2", {"g": 9}) == ["g"]
+
+
 def test_a_probation_lifts_only_for_a_leader_that_committed_in_its_term_since() -> None:
     ok = {"leading": True, "term": 4, "commit": 10, "commit_term": 4, "ack_term": 4}
     assert caught_up(9, acked=10, **ok)

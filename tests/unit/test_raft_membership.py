@@ -245,3 +245,26 @@ def test_a_snapshot_brings_its_configuration() -> None:
     entries = (Entry(1, 11, Conf(later.voters - {"n2"}).encode()),)
     core.step(Message(MsgType.APPEND, "n0", "n3", 1, index=10, log_term=1, entries=entries))
     assert core.conf.voters == {"n0", "n1", "n3"}
+
+
+def test_a_member_holding_its_own_uncommitted_removal_still_stands_and_commits_it() -> None:
+    g = Group(3)
+    g.elect("n0")
+    g.tick_all(1)
+    g.down |= {"n1", "n2"}
+    g["n0"].propose_conf(ConfChange("remove", "n0"))
+    g.deliver()
+    g.tick("n0", 30)  # CheckQuorum: it steps down, its removal uncommitted
+    g.deliver()  # its heartbeats meanwhile are lost
+    assert g["n0"].role is not Role.LEADER and g["n0"].conf.voters == {"n1", "n2"}
+    g.down.clear()
+    for i in ("n1", "n2"):
+        g.restart(i)  # they know no leader (no lease to keep them from voting)
+    # Its log is the most up to date: n1 and n2 vote for it, not for each other.
+    g["n0"].campaign()
+    g.deliver()
+    g.tick_all(3)
+    assert all(g[i].conf.voters == {"n1", "n2"} for i in g.ids)
+    assert g["n0"].role is Role.FOLLOWER and g["n0"].log.committed >= g["n0"].conf_index
+    lead = g.elect_any()
+    assert lead in ("n1", "n2")

@@ -218,6 +218,59 @@ def test_the_command_line_reports_each_seed(capsys: pytest.CaptureFixture[str]) 
     assert [line.split(":")[0] for line in out] == ["seed 3", "seed 4"]
 
 
+# -- membership changes ---------------------------------------------------------------------
+# Three spare nodes; a mover adds, promotes, removes and replaces members (3 to 5 voters)
+# and crashes at any step, under the same crashes, pauses, partitions and lost disks.
+MEMBERSHIP_SEEDS = 300
+MEMBERSHIP = SimConfig(spares=3, steps=600)
+
+
+@pytest.mark.parametrize("seed", range(MEMBERSHIP_SEEDS))
+def test_a_seeded_run_with_membership_changes_keeps_every_invariant(seed: int) -> None:
+    print(f"seed {seed}, 3 nodes and 3 spares")
+    r = sim.run(seed, MEMBERSHIP)
+    assert r.applied >= r.acked
+
+
+def test_membership_runs_exercise_the_changes_they_claim() -> None:
+    results = [sim.run(seed, MEMBERSHIP) for seed in range(60)]
+    assert sum(r.conf_changes for r in results) > 120
+    assert sum(r.moves for r in results) > 20  # moves finished, learner to removal
+    assert sum(r.mover_crashes for r in results) > 60
+    assert sum(r.disk_losses for r in results) > 20
+    assert sum(r.liveness_checked for r in results) > 20
+    assert sum(r.snapshots_installed for r in results) > 20
+
+
+def test_a_two_voter_swap_in_one_change_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Promoting a learner and removing a voter in one entry: the old and the new
+    # configuration then have disjoint majorities ({a, b} of {a, b, c}; {c, x} of {b, c, x}).
+    single = core.ConfChange.applied_to
+
+    def swap(self: core.ConfChange, conf: core.Conf) -> core.Conf:
+        new = single(self, conf)
+        if self.kind == "promote":
+            return core.Conf(new.voters - {min(conf.voters)}, new.learners)
+        return new
+
+    monkeypatch.setattr(core.ConfChange, "applied_to", swap)
+    for seed in range(100):
+        try:
+            sim.run(seed, MEMBERSHIP)
+        except SimFailure as e:
+            if "over the committed" in str(e):
+                assert "--spares 3" in str(e)
+                return
+    pytest.fail("no run lost a committed entry to the unsafe change")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_twenty_thousand_seeds_with_membership_changes() -> None:
+    for seed in range(100_000, 120_000):
+        sim.run(seed, MEMBERSHIP)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("nodes", [3, 5])
@@ -244,7 +297,11 @@ def test_a_restore_that_resets_the_log_whatever_it_holds_is_caught(
     # No check of the commit index, no keeping a log that holds the snapshot's entry: a
     # snapshot older than what the node committed takes its place.
     def restore_anything(
-        self: core.RaftCore, index: int, term: int, leader: str | None = None
+        self: core.RaftCore,
+        index: int,
+        term: int,
+        leader: str | None = None,
+        conf: core.Conf | None = None,
     ) -> bool:
         if self.role is not core.Role.FOLLOWER:
             return False

@@ -517,6 +517,8 @@ def test_peer_identities_probations_and_proven_states_survive_a_reopen(tmp_path:
         store.save_peer_book({}, {}, {("h", "n2"): "b1"})
         store.save_peer_book({}, {}, {("h", "n2"): None})
         store.save_self_states({"h": (True, (0, 0))})
+        store.save_peer_book({"n3": "c1"}, {})
+        store.save_peer_book({"n3": None}, {})  # n3 left every group this node shares
     with RaftLogStore(path, "fsync") as store:
         assert store.identity == ident  # written once, when the file was created
         book = store.peer_book()

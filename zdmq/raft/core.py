@@ -680,8 +680,11 @@ class RaftCore:
         """Start an election now (after a PreVote round if PreVote is on)."""
         if self.role is Role.LEADER:
             return
-        if self.id not in self._voters:
-            # A learner, or a member removed: it never stands (it times out again).
+        if not self._may_stand():
+            # A learner, or a member removed: it never stands, but it timed out: it knows
+            # no leader (so no lease), and votes for a candidate that holds a newer
+            # configuration naming it a voter.
+            self.leader = None
             self._election_elapsed = 0
             return
         if not self._vouches_for(self.log.last_index(), self.log.last_term()):
@@ -712,8 +715,9 @@ class RaftCore:
     def step(self, m: Message) -> None:
         """Take one message from a peer."""
         assert m.dst == self.id, m
-        if m.src not in self.peers:
-            return
+        # A message from outside this member's configuration is taken (a leader this
+        # member's stale configuration does not name yet, a candidate with a newer one);
+        # only voters' votes count, and a leader hears only from its members.
         if m.term > self.term:
             if m.type in (MsgType.PRE_VOTE, MsgType.VOTE):
                 in_lease = (
@@ -835,7 +839,7 @@ class RaftCore:
             self.progress = {}
 
     def _poll(self, kind: MsgType, term: int, force: bool = False) -> None:
-        self._votes = {self.id: True}
+        self._votes = {self.id: True} if self.id in self._voters else {}
         if self._tally() == "won":
             self._won(kind)
             return
@@ -918,7 +922,7 @@ class RaftCore:
                 self._snapshot_request = m
         elif (
             m.type is MsgType.TIMEOUT_NOW
-            and self.id in self._voters
+            and self._may_stand()
             and self._vouches_for(self.log.last_index(), self.log.last_term())
         ):
             self._become_candidate(force=True)
@@ -968,7 +972,9 @@ class RaftCore:
         )
 
     def _step_leader(self, m: Message) -> None:
-        pr = self.progress[m.src]
+        pr = self.progress.get(m.src)
+        if pr is None:
+            return  # not a member (any more)
         pr.active = True
         if m.type is MsgType.APPEND_RESP:
             if m.reject:
@@ -991,6 +997,8 @@ class RaftCore:
                 pr.next = max(pr.next, m.index + 1)
                 pr.probing = False
                 self._maybe_commit()  # the followers hear of it with the next message
+                if self.role is not Role.LEADER:
+                    return  # it committed a configuration that leaves it out
                 if pr.next <= self.log.last_index():
                     self._send_append(m.src)
             if m.src == self._transferee and pr.match == self.log.last_index():
@@ -1054,7 +1062,9 @@ class RaftCore:
             self._send_append(p, even_if_empty=True)
 
     def _send_append(self, to: str, even_if_empty: bool = False) -> None:
-        pr = self.progress[to]
+        pr = self.progress.get(to)
+        if pr is None:
+            return  # no longer leader, or `to` no longer a member
         if pr.probing and pr.paused:
             return
         if pr.next <= self.log.snapshot().index:
@@ -1111,6 +1121,18 @@ class RaftCore:
 
     def _quorum(self) -> int:
         return len(self._voters) // 2 + 1
+
+    def _may_stand(self) -> bool:
+        """Whether this member may stand for election: it votes in the configuration in
+        use, or in the newest committed one. (A member whose log holds its own removal,
+        not yet committed, may hold the most up-to-date log: it stands, wins on the votes
+        of the configuration in use, commits its removal and steps down. Standing is no
+        matter of safety, only which votes count is.)"""
+        if self.id in self._voters:
+            return True
+        committed = self.log.committed
+        conf = next((c for i, c in reversed(self._confs) if i <= committed), None)
+        return conf is not None and self.id in conf.voters
 
     def _append(self, entries: Sequence[Entry]) -> None:
         """Appends to the log, and uses the configuration its entries end with: the

@@ -1105,7 +1105,7 @@ class RaftHost:
         self,
         writes: list[tuple[GroupLog, Ready]],
         hards: list[tuple[GroupLog, HardState]],
-        ids: dict[str, str],
+        ids: dict[str, str | None],
         prob: dict[tuple[str, str], int | None],
         clear: dict[tuple[str, str], str | None],
         selves: dict[str, tuple[bool, tuple[int, int]]],
@@ -1285,11 +1285,20 @@ class RaftHost:
     def _seen(self, peer: str, identity: str) -> None:
         """A payload from `peer` with another store identity than the one recorded."""
         shared = self._shared[peer]
-        replaced = self.book.see(peer, identity, {g: self._cores[g].log.committed for g in shared})
+        known = self.book.identities.get(peer)
+        # Probation discounts votes and acknowledgements: only where the peer votes (a
+        # learner is promoted only once caught up again, from the progress forgotten).
+        voting = {
+            g: self._cores[g].log.committed for g in shared if peer in self._cores[g].conf.voters
+        }
+        learning = [g for g in shared if peer in self._cores[g].conf.learners]
+        replaced = self.book.see(peer, identity, voting, learning)
+        if known is not None:
+            for gid in shared:
+                self._cores[gid].forget_progress(peer)
         for gid in replaced:
             core = self._cores[gid]
             core.probation = self.book.on_probation(gid, self.members[gid])
-            core.forget_progress(peer)
         if replaced:
             self.counters["replaced_peers"] += 1
             log.warning(

@@ -238,21 +238,44 @@ class PeerBook:
     #: (group, peer) -> the peer's store identity whose probation this node lifted there
     #: (itself, or on a report): what it reports as that group's leader.
     cleared: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: Peer -> the identity of its store that left every group this node shares with it
+    #: (`forget`): a late message of that store is not a sighting. Kept in memory only.
+    departed: dict[str, str] = field(default_factory=dict)
     _dirty_ids: set[str] = field(default_factory=set)
     _dirty_prob: set[tuple[str, str]] = field(default_factory=set)
     _dirty_clear: set[tuple[str, str]] = field(default_factory=set)
 
-    def see(self, peer: str, identity: str, commits: Mapping[str, int]) -> list[str]:
+    def see(
+        self,
+        peer: str,
+        identity: str,
+        commits: Mapping[str, int],
+        learning: Iterable[str] = (),
+    ) -> list[str]:
         """A payload from `peer` carrying `identity`; `commits` maps each group this node
-        shares with `peer` to this node's commit index in it. Returns the groups in which
-        the peer was put on probation now (empty unless its store was replaced)."""
+        shares with `peer` where the peer votes to this node's commit index in it, and
+        `learning` names those where it is a learner. Returns the groups in which the
+        peer was put on probation now (empty unless its store was replaced).
+
+        A learner's replaced store is cleared at once where it learns: its
+        acknowledgements never counted, and it is caught up from scratch before it may be
+        promoted; so a leader that saw it reports it, and members that see it only after
+        its promotion lift their probation on that report."""
         known = self.identities.get(peer)
         if known == identity:
             return []
+        if known is None and self.departed.get(peer) == identity:
+            return []  # a late message of a store that left: nothing to record
+        self.departed.pop(peer, None)
         self.identities[peer] = identity
         self._dirty_ids.add(peer)
         if known is None:
             return []
+        for gid in learning:
+            self.probation.pop((gid, peer), None)
+            self.cleared[(gid, peer)] = identity
+            self._dirty_prob.add((gid, peer))
+            self._dirty_clear.add((gid, peer))
         for gid, commit in commits.items():
             self.probation[(gid, peer)] = commit
             self._dirty_prob.add((gid, peer))
@@ -274,6 +297,20 @@ class PeerBook:
             self._dirty_prob.add((group, peer))
             self.cleared[(group, peer)] = self.identities[peer]
             self._dirty_clear.add((group, peer))
+
+    def forget(self, group: str, peer: str, *, last: bool) -> None:
+        """`peer` left `group` (its removal committed): its probation and clearance there
+        go, and, when it was the `last` group this node shared with it, its store's
+        identity too. A store that joins again is a new member, caught up as a learner
+        before it votes: a store seen again after that is not a replaced one."""
+        key = (group, peer)
+        if self.probation.pop(key, None) is not None:
+            self._dirty_prob.add(key)
+        if self.cleared.pop(key, None) is not None:
+            self._dirty_clear.add(key)
+        if last and (gone := self.identities.pop(peer, None)) is not None:
+            self._dirty_ids.add(peer)
+            self.departed[peer] = gone
 
     def reportable(self, group: str, peer: str) -> str | None:
         """The identity of `peer`'s store if this node cleared it in `group` (lifted its
@@ -300,11 +337,13 @@ class PeerBook:
     def take_changes(
         self,
     ) -> tuple[
-        dict[str, str], dict[tuple[str, str], int | None], dict[tuple[str, str], str | None]
+        dict[str, str | None],
+        dict[tuple[str, str], int | None],
+        dict[tuple[str, str], str | None],
     ]:
-        """(identities to write, probations to write or, where None, to delete, cleared
-        stores to write or, where None, to delete) since the last call."""
-        ids = {p: self.identities[p] for p in self._dirty_ids}
+        """(identities, probations and cleared stores to write or, where None, to delete)
+        since the last call."""
+        ids = {p: self.identities.get(p) for p in self._dirty_ids}
         prob = {k: self.probation.get(k) for k in self._dirty_prob}
         clear = {k: self.cleared.get(k) for k in self._dirty_clear}
         self._dirty_ids.clear()

@@ -85,6 +85,9 @@ from typing import Any
 
 from zdmq.raft.core import (
     SENT_BEFORE_PERSIST,
+    Conf,
+    ConfChange,
+    ConfChangeRefused,
     Message,
     MsgType,
     NotLeader,
@@ -93,7 +96,7 @@ from zdmq.raft.core import (
     Role,
 )
 from zdmq.raft.identity import LiftReport, PeerBook, report_current
-from zdmq.raft.sim_queue import QueueClients, QueueCounts, replay
+from zdmq.raft.sim_queue import QueueClients, QueueCounts, is_command, replay
 from zdmq.raft.storage import (
     Entry,
     MemoryStorage,
@@ -119,6 +122,15 @@ DISK_LOSS = 0.3
 
 #: The group id the simulated nodes use in their peer books.
 GROUP = "g"
+
+
+def conf_at(entries: tuple[Entry, ...] | list[Entry], base: Conf) -> Conf:
+    """The configuration after `entries` (the last one they hold, else `base`)."""
+    for e in reversed(entries):
+        conf = Conf.decode(e.data)
+        if conf is not None:
+            return conf
+    return base
 
 
 class SimFailure(AssertionError):
@@ -176,6 +188,16 @@ class SimConfig:
     state_writes: float = 0.8
     #: Steps a snapshot takes to arrive from the leader.
     fetch_steps: tuple[int, int] = (1, 6)
+    #: Nodes besides the first `nodes` that membership changes may add (0: the group's
+    #: members never change). With spares, a mover adds, promotes, removes and replaces
+    #: members (3 to `max_voters` voters), one change at a time through the log.
+    spares: int = 0
+    max_voters: int = 5
+    #: The chance, each step, that the mover takes its next step.
+    reconfig: float = 0.3
+    #: The chance that the mover crashes at a step (it forgets the move it was making; a
+    #: later one first finishes or undoes what it left, as a rerun command does).
+    mover_crash: float = 0.15
 
     def draw(self, rng: random.Random) -> SimConfig:
         """This config with every fault rate drawn in [0, rate] (one seed's mix)."""
@@ -208,6 +230,10 @@ class SimResult:
     liveness_checked: bool = False
     #: Crashes that lost a leader's write whose appends had left already.
     lost_early_writes: int = 0
+    #: Membership changes committed, moves finished, and crashes of the mover.
+    conf_changes: int = 0
+    moves: int = 0
+    mover_crashes: int = 0
     #: The queue's clients: their calls and what they were told.
     queue: QueueCounts = field(default_factory=QueueCounts)
 
@@ -240,6 +266,12 @@ class _Node:
     fetch: tuple[int, str] | None = None
     #: The `Ready` its driver took and has not written yet (lost by a crash).
     writing: Ready | None = None
+    #: Whether it is a member: a spare joins when a move adds it, and leaves (its disk
+    #: with it) once its removal is committed.
+    joined: bool = True
+    #: The configuration it starts from when its disk holds no state (a new learner's,
+    #: or the cluster map's after a lost disk).
+    start_conf: Conf | None = None
 
 
 class _Sim:
@@ -259,8 +291,21 @@ class _Sim:
             cfg.draw(self.rng), disk_loss=self.disk_rng.uniform(0, cfg.disk_loss)
         )
         self.trace = trace
-        self.ids = [f"n{i}" for i in range(cfg.nodes)]
-        self.nodes = {i: _Node(i) for i in self.ids}
+        self.ids = [f"n{i}" for i in range(cfg.nodes + cfg.spares)]
+        self.nodes = {i: _Node(i, joined=k < cfg.nodes) for k, i in enumerate(self.ids)}
+        # The configuration at the start, and each committed configuration entry seen.
+        self.base_conf = Conf(frozenset(self.ids[: cfg.nodes]))
+        self.confs: dict[int, Conf] = {}
+        # The move the mover is making: (kind, node to add, node to remove).
+        self.move: tuple[str, str | None, str | None] | None = None
+        # The mover draws from a stream of its own (and its rates too): a seed's other
+        # faults are the same with or without membership changes.
+        self.mover_rng = random.Random(f"{seed}/mover")
+        self.cfg = cfg = replace(
+            cfg,
+            reconfig=self.mover_rng.uniform(0, cfg.reconfig),
+            mover_crash=self.mover_rng.uniform(0, cfg.mover_crash),
+        )
         self.open_disk = open_disk
         self.now = 0
         self.healing = False
@@ -285,7 +330,8 @@ class _Sim:
         # file), ahead of the commit index its log records: from a stream of its own.
         self.state_rng = random.Random(f"{seed}/state")
         for n in self.nodes.values():
-            self._start(n)
+            if n.joined:
+                self._start(n)
 
     # -- running ----------------------------------------------------------------------
 
@@ -301,7 +347,7 @@ class _Sim:
         self._check_logs()
         self._check_final()
         self.result.acked = len(self.acked)
-        self.result.applied = len(self.nodes[self.ids[0]].applied)
+        self.result.applied = len(self._members()[0].applied)
         self.result.queue = self.queue.counts()
         return self.result
 
@@ -329,7 +375,7 @@ class _Sim:
             lead = next(
                 (n for n in self.nodes.values() if n.core and n.core.role is Role.LEADER), None
             )
-            if lead is not None and not any(n.book.probation for n in self.nodes.values()):
+            if lead is not None and not any(n.book.probation for n in self._members()):
                 settled += 1
                 if settled > 3 * self.cfg.election_ticks:
                     break
@@ -337,7 +383,7 @@ class _Sim:
                 settled = 0
         else:
             if lead is not None and not lead.book.probation:
-                held = {p for n in self.nodes.values() for _, p in n.book.probation}
+                held = {p for n in self._members() for _, p in n.book.probation}
                 if all(lead.book.reportable(GROUP, p) is None for p in held):
                     self._log(f"probations of {sorted(held)} remain that {lead.id} cannot report")
                     return
@@ -349,7 +395,7 @@ class _Sim:
         old.down_until = self.now + 10 * self.cfg.heal_steps
         self.result.crashes += 1
         self._log(f"{old.id} goes down: the others must elect and commit")
-        others = [n for n in self.nodes.values() if n is not old]
+        others = [n for n in self._members() if n is not old]
         proposed: dict[bytes, tuple[str, int]] = {}
         for _ in range(self.cfg.heal_steps):
             self._step()
@@ -375,7 +421,7 @@ class _Sim:
             self._log("partition heals")
             self.groups = None
         for n in self.nodes.values():
-            if n.core is None and self.now >= n.down_until:
+            if n.core is None and n.joined and self.now >= n.down_until:
                 self._start(n)
         self._deliver()
         self._snapshots()
@@ -387,10 +433,135 @@ class _Sim:
             self._propose()
         if not self.healing and self.rng.random() < self.cfg.transfer:
             self._transfer()
+        if self.cfg.spares and not self.healing and self.mover_rng.random() < self.cfg.reconfig:
+            self._mover()
         for n in self._running():
             self._handle_ready(n, self.healing or self.rng.random() >= self.cfg.persist_lag)
         if self.now % 50 == 0:
             self._check_logs()
+
+    def map_conf(self) -> Conf:
+        """The newest committed configuration (what the cluster map says)."""
+        return self.confs[max(self.confs)] if self.confs else self.base_conf
+
+    def _members(self) -> list[_Node]:
+        """The nodes of the newest committed configuration."""
+        members = self.map_conf().members()
+        return [n for n in self.nodes.values() if n.joined and n.id in members]
+
+    # -- membership changes -------------------------------------------------------------
+
+    def _mover(self) -> None:
+        """One step of the mover (what `zdmq cluster add-node` and its kin run): it
+        finds the leader, and proposes the next change of its move once the last one
+        is committed; a node whose removal is committed leaves. It may crash at any
+        step, forgetting its move; the next one first finishes or undoes what is left."""
+        if self.mover_rng.random() < self.cfg.mover_crash:
+            if self.move is not None:
+                self._log(f"the mover crashes during {self.move}")
+                self.result.mover_crashes += 1
+            self.move = None
+            return
+        lead = next(
+            (n for n in self._running() if n.core is not None and n.core.role is Role.LEADER),
+            None,
+        )
+        if lead is None or lead.core is None:
+            return
+        core = lead.core
+        conf = self.map_conf()
+        if core.conf_index > core.log.committed or core.conf != conf:
+            return  # a change is under way, or this leader is behind the map
+        adding = self.move[1] if self.move else None
+        for n in self.nodes.values():
+            if n.joined and n.id not in conf.members() and n.id != adding:
+                self._leave(n)
+        if self.move is None:
+            self.move = self._next_move(conf)
+            if self.move is None:
+                return
+            self._log(f"the mover starts {self.move}")
+        _, add, remove = self.move
+        change: ConfChange | None = None
+        if add is not None and add not in conf.members():
+            new = self.nodes[add]
+            if not new.joined:
+                self._join(new, Conf(conf.voters, conf.learners | {add}))
+            change = ConfChange("add_learner", add)
+        elif add is not None and add in conf.learners:
+            if not self.nodes[add].joined:  # it left while its addition was uncommitted
+                self._join(self.nodes[add], conf)
+            change = ConfChange("promote", add)
+        elif remove is not None and remove in conf.members():
+            change = ConfChange("remove", remove)
+        if change is None:
+            self._log(f"the mover finished {self.move}")
+            self.result.moves += 1
+            self.move = None
+            return
+        try:
+            index = core.propose_conf(change)
+        except (ConfChangeRefused, NotLeader) as e:
+            self._log(f"{lead.id} refuses {change}: {e}")
+            return
+        self._log(f"{lead.id} takes {change} at {index}")
+        self._check_leader(lead)
+
+    def _next_move(self, conf: Conf) -> tuple[str, str | None, str | None] | None:
+        """A move from `conf`: finish a learner left behind (or drop it), else add,
+        remove or replace a member, keeping 3 to `max_voters` voters."""
+        rng = self.mover_rng
+        if conf.learners:
+            learner = min(conf.learners)
+            if rng.random() < 0.7:
+                return ("finish", learner, None)
+            return ("drop", None, learner)
+        spares = [i for i in self.ids if i not in conf.members() and not self.nodes[i].joined]
+        voters = sorted(conf.voters)
+        kinds = []
+        if spares and len(voters) < self.cfg.max_voters:
+            kinds.append("add")
+        if len(voters) > 3:
+            kinds.append("remove")
+        if spares:
+            kinds.append("replace")
+        if not kinds:
+            return None
+        kind = rng.choice(kinds)
+        add = rng.choice(spares) if kind in ("add", "replace") else None
+        remove = rng.choice(voters) if kind in ("remove", "replace") else None
+        return (kind, add, remove)
+
+    def _join(self, n: _Node, conf: Conf) -> None:
+        """`n` starts as a new member, with an empty disk (a new store)."""
+        n.joined = True
+        n.lose_disk = True
+        n.state = (0, 0, ())
+        n.start_conf = conf
+        n.core = None
+        n.down_until = self.now
+        self._start(n)
+        self._log(f"{n.id} joins as a learner")
+
+    def _leave(self, n: _Node) -> None:
+        """`n`, removed from the group, stops and drops its disk."""
+        self.queue.went_down(n.id, self.now)
+        n.core = None
+        n.joined = False
+        n.writing = None
+        n.fetch = None
+        n.start_conf = None
+        n.recover_to = None
+        self._log(f"{n.id} leaves the group")
+
+    def _forget_departed(self, n: _Node, conf: Conf) -> None:
+        """`n` applied `conf` (committed): the peers it leaves out left the group, and
+        their probations there go (`PeerBook.forget`, as the host does)."""
+        for peer in self.ids:
+            if peer not in conf.members() and peer != n.id:
+                n.book.forget(GROUP, peer, last=True)  # the one group it shares
+        if n.core is not None and self.cfg.identity_rule:
+            n.core.probation = n.book.on_probation(GROUP, self.ids)
 
     def _running(self) -> list[_Node]:
         return [n for n in self.nodes.values() if n.core is not None and self.now >= n.paused_until]
@@ -432,14 +603,19 @@ class _Sim:
         its probation; and every other node is proven (`RaftCore.proven`: it held its
         leader's own-term commit once), so its log is not empty (two members with no log
         are a first boot) and it knows what it was told is committed."""
-        if any(o is not n and not o.proven for o in self.nodes.values()):
+        joined = [o for o in self.nodes.values() if o.joined]  # learners may be voters soon
+        if any(o is not n and not o.proven for o in joined):
             return False
-        for o in self.nodes.values():
+        if any(o.book.probation for o in joined):
+            # A probation not from a lost disk: a member seen rejoining with a new store
+            # by a node that had not yet applied its removal.
+            return False
+        for o in joined:
             if o is n or o.recover_to is None:
                 continue
             if o.core is None or o.core.log.committed < o.recover_to:
                 return False
-            for x in self.nodes.values():
+            for x in joined:
                 if x is not o and (
                     x.book.identities.get(o.id) != o.identity or (GROUP, o.id) in x.book.probation
                 ):
@@ -468,6 +644,7 @@ class _Sim:
             n.identity = f"{n.id}.{n.starts}"
             n.book = PeerBook()
             n.proven, n.told = False, (0, 0)
+        n.book.departed.clear()  # kept in memory only
         if lost:
             n.state = (0, 0, ())
         n.fetch = None
@@ -479,9 +656,12 @@ class _Sim:
             n.disk.restore(SnapshotMeta(index, term))
             self._log(f"{n.id} finishes installing the snapshot at {index}")
         rng = random.Random(f"{self.seed}/{n.id}/{n.starts}")
+        # The configuration its state holds; with no state, the one it was started with
+        # (a new learner) or the newest committed one (the map a host reads).
+        conf = conf_at(data, n.start_conf or self.map_conf()) if data else None
         n.core = RaftCore(
             n.id,
-            self.ids,
+            [],
             n.disk,
             rng,
             election_ticks=self.cfg.election_ticks,
@@ -490,6 +670,7 @@ class _Sim:
             proven=n.proven,
             told=n.told,
             applied=index,
+            conf=conf or n.start_conf or self.map_conf(),
         )
         if self.cfg.identity_rule:
             n.core.probation = n.book.on_probation(GROUP, self.ids)
@@ -536,9 +717,17 @@ class _Sim:
         """`RaftHost._seen`: a payload (or report) naming `peer`'s store `identity`."""
         core = n.core
         assert core is not None
-        if n.book.see(peer, identity, {GROUP: core.log.committed}):
+        known = n.book.identities.get(peer)
+        # Probation discounts votes and acknowledgements: a learner has none to discount
+        # (and is promoted only once caught up again, from the progress forgotten here).
+        voter = peer in core.conf.voters
+        voting = {GROUP: core.log.committed} if voter else {}
+        learning = [GROUP] if peer in core.conf.learners else []
+        replaced = n.book.see(peer, identity, voting, learning)
+        if known is not None:
             core.forget_progress(peer)
             self._log(f"{n.id} sees {peer} replaced ({identity})")
+        if replaced:
             if not self.cfg.identity_rule:
                 n.book.lift(GROUP, peer)
                 return
@@ -554,10 +743,9 @@ class _Sim:
         out = []
         for peer in self.ids:
             ident = n.book.reportable(GROUP, peer) if peer not in (dst, n.id) else None
-            if ident is not None:
-                out.append(
-                    LiftReport(n.id, GROUP, peer, ident, core.progress[peer].match, core.term)
-                )
+            pr = core.progress.get(peer)
+            if ident is not None and pr is not None:
+                out.append(LiftReport(n.id, GROUP, peer, ident, pr.match, core.term))
         return tuple(out)
 
     def _take_report(self, n: _Node, r: LiftReport) -> None:
@@ -624,7 +812,7 @@ class _Sim:
         if leaders:
             core = leaders[0].core
             assert core is not None
-            to = self.rng.choice(self.ids)
+            to = self.rng.choice(sorted(core.conf.voters))
             self._log(f"{core.id} hands leadership to {to}")
             core.transfer_leadership(to)
             self._check_leader(leaders[0])
@@ -651,8 +839,11 @@ class _Sim:
                 self._check_committed(n, e, "applies")
                 n.applied.append(e)
                 result = None
-                if e.data is not None:
+                if is_command(e):
+                    assert e.data is not None
                     result = apply_command(n.machine, decode_command(e.data))
+                elif (conf := Conf.decode(e.data)) is not None:
+                    self._forget_departed(n, conf)
                 self.queue.applied(n.id, e, result, self.now)
             if rd.committed and self.state_rng.random() < self.cfg.state_writes:
                 # The state machine's own file has what it applied, while the commit index
@@ -730,7 +921,7 @@ class _Sim:
         index, term = len(data), data[-1].term
         core = n.core
         assert core is not None
-        if not core.restore(index, term, src.id):
+        if not core.restore(index, term, src.id, conf=conf_at(data, self.base_conf)):
             self._log(f"{n.id} has no use for {src.id}'s snapshot at {index}")
             self._check_leader(n)
             return
@@ -747,6 +938,7 @@ class _Sim:
             self._log(f"{n.id} crashes installing the snapshot at {index}")
             return
         n.disk.restore(SnapshotMeta(index, term))  # 2. the log starts after it
+        self._forget_departed(n, conf_at(data, self.base_conf))
         n.applied = list(data)
         n.machine = replay(data)
         n.checked = max(n.checked, index)
@@ -769,6 +961,10 @@ class _Sim:
         known = self.committed.get(e.index)
         if known is None:
             self.committed[e.index] = (e.term, e.data)
+            conf = Conf.decode(e.data)
+            if conf is not None:
+                self.confs[e.index] = conf
+                self.result.conf_changes += 1
         elif known is not None and known != (e.term, e.data):
             self._fail(
                 f"{n.id} {doing} {e.index}=(term {e.term}, {e.data!r}) over the committed "
@@ -794,20 +990,24 @@ class _Sim:
         last = lead.log.last_index()
         if lead.log.committed != last:
             return False
-        return all(len(n.applied) == last for n in self.nodes.values())
+        return all(len(n.applied) == last for n in self._members())
 
     def _check_final(self) -> None:
-        first = self.nodes[self.ids[0]].applied
-        for n in self.nodes.values():
+        members = self._members()
+        first = members[0].applied
+        for n in members:
             if n.applied != first:
-                self._fail(f"{n.id} applied another sequence than {self.ids[0]}")
-        datas = [e.data for e in first if e.data is not None]
+                self._fail(f"{n.id} applied another sequence than {members[0].id}")
+        for n in self.nodes.values():  # those that left: a prefix of it
+            if n.applied != first[: len(n.applied)]:
+                self._fail(f"{n.id}, no longer a member, applied another sequence")
+        datas = [e.data for e in first if is_command(e)]
         if len(datas) != len(set(datas)):
             self._fail("an entry was applied twice")
         missing = self.acked - set(datas)
         if missing:
             self._fail(f"acknowledged entries not applied everywhere: {sorted(missing)[:5]}")
-        problems = self.queue.check(first, {n.id: n.machine for n in self.nodes.values()})
+        problems = self.queue.check(first, {n.id: n.machine for n in members})
         if problems:
             self._fail(f"the queue's clients were misled: {'; '.join(problems[:5])}")
 
@@ -826,6 +1026,8 @@ class _Sim:
 
 def replay_command(seed: int, cfg: SimConfig) -> str:
     cmd = f"python -m zdmq.raft.sim --seed {seed} --steps {cfg.steps} --nodes {cfg.nodes}"
+    if cfg.spares:
+        cmd += f" --spares {cfg.spares}"
     if cfg.disk_loss != DISK_LOSS:
         cmd += f" --disk-loss {cfg.disk_loss}"
     if cfg.compact_every == (0,):
@@ -854,6 +1056,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1, help="how many seeds from --seed")
     ap.add_argument("--steps", type=int, default=SimConfig().steps)
     ap.add_argument("--nodes", type=int, default=SimConfig().nodes)
+    ap.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="nodes that membership changes may add (0: the members never change)",
+    )
     ap.add_argument("--trace", action="store_true", help="print every fault and proposal")
     ap.add_argument(
         "--no-identity-rule",
@@ -884,6 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SimConfig(
         nodes=args.nodes,
         steps=args.steps,
+        spares=args.spares,
         identity_rule=args.identity_rule,
         disk_loss=args.disk_loss,
     )
@@ -904,6 +1113,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.applied} entries applied, {r.messages} messages, "
             f"{r.compactions} compactions, {r.snapshots_installed} snapshots installed "
             f"({r.install_crashes} crashes installing), "
+            f"{r.conf_changes} membership changes ({r.moves} moves finished, "
+            f"{r.mover_crashes} mover crashes), "
             f"converged {r.steps_to_converge} steps after healing; queue calls "
             f"{r.queue.ok} ok, {r.queue.failed} failed, {r.queue.unknown} unknown: "
             f"{r.queue.pushed} pushed, {r.queue.delivered} delivered, {r.queue.acked} acked, "

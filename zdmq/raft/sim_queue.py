@@ -39,6 +39,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from zdmq.raft.core import CONF_PREFIX
 from zdmq.raft.storage import Entry
 from zdmq.server.machine import (
     CancelMessage,
@@ -116,11 +117,18 @@ def plain(result: Any) -> Any:
     return (type(result), str(result)) if isinstance(result, Exception) else result
 
 
+def is_command(e: Entry) -> bool:
+    """Whether `e` carries a command of the state machine (not an empty entry or a
+    configuration of the group)."""
+    return e.data is not None and not e.data.startswith(CONF_PREFIX)
+
+
 def replay(entries: list[Entry] | tuple[Entry, ...]) -> NodeState:
     """A state machine that applied `entries` (what a node rebuilds at a start)."""
     state = NodeState()
     for e in entries:
-        if e.data is not None:
+        if is_command(e):
+            assert e.data is not None
             apply_command(state, decode_command(e.data))
     return state
 
@@ -331,7 +339,7 @@ class QueueClients:
         removed: set[str] = set()
         order: dict[str, list[str]] = {}  # FIFO group -> its ids in committed push order
         for e in sequence:
-            if e.data is None:
+            if e.data is None or not is_command(e):
                 continue
             cmd = decode_command(e.data)
             if type(cmd) is Take and cmd.queue == FIFO:

@@ -231,7 +231,7 @@ class RaftLogStore:
 
     def save_peer_book(
         self,
-        identities: dict[str, str],
+        identities: dict[str, str | None],
         probation: dict[tuple[str, str], int | None],
         cleared: dict[tuple[str, str], str | None] | None = None,
     ) -> None:
@@ -242,7 +242,11 @@ class RaftLogStore:
             conn = self._conn
             conn.executemany(
                 "INSERT OR REPLACE INTO raft_peers (peer, identity) VALUES (?, ?)",
-                list(identities.items()),
+                [(p, i) for p, i in identities.items() if i is not None],
+            )
+            conn.executemany(
+                "DELETE FROM raft_peers WHERE peer = ?",
+                [(p,) for p, i in identities.items() if i is None],
             )
             for (grp, peer), since in probation.items():
                 if since is None:
