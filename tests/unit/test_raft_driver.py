@@ -31,6 +31,7 @@ from zdmq import _http
 from zdmq.auth import NodeSigner, NodeVerifier
 from zdmq.errors import NodeUnavailable
 from zdmq.raft import Entry, Message, MsgType, NotCommitted, NotLeader, Role
+from zdmq.raft.core import Conf, ConfChange, ConfChangeRefused
 from zdmq.raft.driver import (
     RAFT_CONTENT_TYPE,
     RAFT_PATH,
@@ -130,6 +131,12 @@ class Cluster:
         assert node not in self.hosts
         self.starts[node] += 1
         store = self.stores[node] = RaftLogStore(self.tmp / f"{node}.sqlite3", self.durability)
+        # The configuration each group's state machine holds (its last one applied).
+        confs = {
+            g: conf
+            for g, es in self.applied[node].items()
+            if (conf := next((c for e in reversed(es) if (c := Conf.decode(e.data))), None))
+        }
         host = RaftHost(
             node,
             self.member_groups(node),
@@ -138,6 +145,7 @@ class Cluster:
             self._apply(node),
             {g: len(es) for g, es in self.applied[node].items()},
             rng=random.Random(f"{self.seed}/{node}/{self.starts[node]}"),
+            confs=confs,
             **self.host_kw,
         )
         self.hosts[node] = host
@@ -169,7 +177,12 @@ class Cluster:
         return lead if ok else None
 
     def datas(self, node: str, group: str) -> list[bytes]:
-        return [e.data for e in self.applied[node].get(group, []) if e.data is not None]
+        """The commands `node` applied in `group` (not its empty or configuration entries)."""
+        return [
+            e.data
+            for e in self.applied[node].get(group, [])
+            if e.data is not None and Conf.decode(e.data) is None
+        ]
 
     def converged(self, group: str, want: int) -> bool:
         """Every member applied the same `want` proposals of `group`."""
@@ -577,6 +590,44 @@ async def test_a_leader_handed_its_group_serves_only_once_it_applied_what_was_co
         assert not c.hosts["n0"].serves("n0")
 
 
+# ---- membership changes ------------------------------------------------------------------------
+async def test_a_member_is_replaced_through_the_log_and_the_group_serves_throughout(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 4) as c:
+        await c.preferred_leaders()
+        await propose_on_leader(c, "n0", b"before")
+        lead = c.hosts["n0"]
+        # n3 joins group n0 as a learner: its host starts the group empty and catches up.
+        await lead.propose_conf("n0", ConfChange("add_learner", "n3"))
+        c.hosts["n3"].add_group("n0", lead.conf("n0"))
+        await until(lambda: c.datas("n3", "n0") == [b"before"], "n3 caught up")
+        assert not c.hosts["n3"].conf("n0").voters & {"n3"}
+        await lead.propose_conf("n0", ConfChange("promote", "n3"))
+        with pytest.raises(ConfChangeRefused, match="member already"):
+            await lead.propose_conf("n0", ConfChange("add_learner", "n3"))
+        await lead.propose_conf("n0", ConfChange("remove", "n2"))
+        # Its removal applied on the leader, n2 (which hears no more of the group) goes.
+        assert lead.conf_committed("n0") and "n2" not in lead.conf("n0").members()
+        c.hosts["n2"].remove_group("n0")
+        c.groups["n0"] = ["n0", "n1", "n3"]
+        await until(lambda: "n0" not in c.hosts["n2"].groups, "n2 left group n0")
+        assert c.stores["n2"].group_ids().count("n0") == 0  # its log of n0 is gone
+        # n3 now counts: with n1 down, n0 and n3 commit.
+        await c.stop("n1")
+        await propose_on_leader(c, "n0", b"after")
+        await until(lambda: c.datas("n3", "n0") == [b"before", b"after"], "n3 applied after")
+        assert c.hosts["n0"].conf("n0") == Conf(frozenset({"n0", "n1", "n3"}))
+        # A restart of n3 takes its configuration from what it applied.
+        await c.stop("n3")
+        c.start("n1")
+        c.start("n3")
+        assert c.hosts["n3"].conf("n0") == Conf(frozenset({"n0", "n1", "n3"}))
+        await until(lambda: c.leader_of("n0") is not None, "a leader of n0")
+        await propose_on_leader(c, "n0", b"restarted")
+        await until(lambda: c.converged("n0", 3), "n0, n1 and n3 converged")
+
+
 def last(c: Cluster, node: str) -> int:
     """The last index of `node`'s log of group n0, committed or not."""
     return c.hosts[node]._cores["n0"].log.last_index()
@@ -591,17 +642,15 @@ async def test_a_malformed_payload_raises_the_typed_error_and_the_host_keeps_wor
         host = c.hosts["n1"]
         bad = [
             b"\xc1garbage",
-            encode_messages([("unknown", Message(MsgType.HEARTBEAT, "n0", "n1", 1))], ID),
             encode_messages([("n0", Message(MsgType.HEARTBEAT, "n0", "n2", 1))], ID),  # not n1's
             encode_messages([("n0", Message(MsgType.HEARTBEAT, "n1", "n1", 1))], ID),  # itself
-            encode_messages([("n1", Message(MsgType.HEARTBEAT, "n4", "n1", 1))], ID),  # no member
-            *(  # lift reports on no group of n1's, on no member, on their sender, on n1 itself
+            *(  # lift reports on their sender, on n1 itself
                 encode_messages(
                     [("n0", Message(MsgType.HEARTBEAT, "n0", "n1", 1))],
                     ID,
                     [LiftReport("n0", g, peer, ID, 1, 1)],
                 )
-                for g, peer in [("unknown", "n2"), ("n0", "n4"), ("n0", "n0"), ("n0", "n1")]
+                for g, peer in [("n0", "n0"), ("n0", "n1")]
             ),
         ]
         received = host.counters["messages_received"]
@@ -609,11 +658,15 @@ async def test_a_malformed_payload_raises_the_typed_error_and_the_host_keeps_wor
             with pytest.raises(BadRaftPayload):
                 host.receive(payload)
         assert host.counters["messages_received"] == received
+        # Messages of a group n1 is not in (yet, or any more) are dropped, not refused:
+        # membership changes reach the members one by one.
+        host.receive(encode_messages([("unknown", Message(MsgType.HEARTBEAT, "n0", "n1", 1))], ID))
+        assert host.counters["messages_other_groups"] == 1
         # A payload with one bad message among good ones is refused whole.
         mixed = encode_messages(
             [
                 ("n0", Message(MsgType.HEARTBEAT, "n0", "n1", 999)),
-                ("nope", Message(MsgType.HEARTBEAT, "n0", "n1", 999)),
+                ("n0", Message(MsgType.HEARTBEAT, "n0", "n2", 999)),
             ],
             ID,
         )

@@ -122,7 +122,11 @@ import msgpack
 from zdmq import _http
 from zdmq.errors import BadRequest, NodeUnavailable
 from zdmq.raft.core import (
+    CONF_PREFIX,
     SENT_BEFORE_PERSIST,
+    Conf,
+    ConfChange,
+    ConfChangeRefused,
     Message,
     MsgType,
     NotCommitted,
@@ -406,13 +410,15 @@ _CATCH_UP_CHECK_TICKS = 5
 @dataclass(frozen=True, slots=True)
 class PulledSnapshot:
     """A snapshot of `group`'s state pulled from `src` into the local file `path`,
-    holding the log up to `index` (an entry of `term`)."""
+    holding the log up to `index` (an entry of `term`), when the group's configuration
+    was `conf` (None: the state records none, its first members all vote)."""
 
     group: str
     src: str
     index: int
     term: int
     path: Path
+    conf: Conf | None = None
 
 
 class SnapshotHooks(Protocol):
@@ -463,7 +469,7 @@ def _at_or_below(upto: int, index: int, _until: int) -> bool:
 class _Proposal:
     __slots__ = ("data", "future", "group")
 
-    def __init__(self, group: str, data: bytes, future: asyncio.Future[Any]) -> None:
+    def __init__(self, group: str, data: bytes | ConfChange, future: asyncio.Future[Any]) -> None:
         self.group = group
         self.data = data
         self.future = future
@@ -515,6 +521,7 @@ class RaftHost:
         snapshots: SnapshotHooks | None = None,
         compact_entries: int = 0,
         compact_bytes: int = 0,
+        confs: Mapping[str, Conf] | None = None,
     ) -> None:
         assert tick_s > 0 and transfer_check_ticks >= 1
         self.node_id = node_id
@@ -539,43 +546,27 @@ class RaftHost:
         # Group -> the pull of a snapshot in flight; the pulls done, for the next round.
         self._pulling: dict[str, asyncio.Task[None]] = {}
         self._pulled: dict[str, PulledSnapshot] = {}
-        rng = rng if rng is not None else random.Random()
+        self._rng = rng if rng is not None else random.Random()
+        self._election_ticks = election_ticks
+        self._heartbeat_ticks = heartbeat_ticks
         applied = applied or {}
+        confs = confs or {}
         self.members: dict[str, tuple[str, ...]] = {}
         self.preferred: dict[str, str | None] = {}
+        self._preferred_given = preferred
         self._cores: dict[str, RaftCore] = {}
         self._logs: dict[str, GroupLog] = {}
+        # The configuration each core was last seen using (see `_sync_members`).
+        self._confs: dict[str, Conf] = {}
+        # Groups to stop driving at the start of the next round (`remove_group`).
+        self._removing: set[str] = set()
         self.identity = store.identity
         #: Peers' store identities and probations (zdmq/raft/identity.py), kept in `store`.
         self.book = store.peer_book()
         self._self_states = store.self_states()
-        for gid, members in groups.items():
-            if node_id not in members:
-                raise ValueError(f"group {gid!r}: {node_id!r} is not one of its members")
-            self.members[gid] = tuple(members)
-            pref = preferred.get(gid) if preferred is not None else gid
-            self.preferred[gid] = pref if pref in members else None
-            self._logs[gid] = glog = store.group(gid)
-            self._cores[gid] = RaftCore(
-                node_id,
-                members,
-                glog,
-                rng,
-                election_ticks=election_ticks,
-                heartbeat_ticks=heartbeat_ticks,
-                applied=applied.get(gid, 0),
-                store_guard=True,
-                proven=self._self_states.get(gid, (False, (0, 0)))[0],
-                told=self._self_states.get(gid, (False, (0, 0)))[1],
-            )
-            self._cores[gid].probation = self.book.on_probation(gid, members)
-        self._peers: dict[str, _Peer] = {
-            p: _Peer() for ms in self.members.values() for p in ms if p != node_id
-        }
+        self._peers: dict[str, _Peer] = {}
         # Peer -> the groups this node shares with it.
-        self._shared: dict[str, list[str]] = {
-            p: [g for g, ms in self.members.items() if p in ms] for p in self._peers
-        }
+        self._shared: dict[str, list[str]] = {}
         self._packer = msgpack.Packer(use_bin_type=True)
         # Inputs waiting for the pump (see the module docstring).
         # (group, message or lift report, the sender's store identity)
@@ -586,17 +577,15 @@ class RaftHost:
         self._ticks = 0  # ticks not yet given to the cores
         self._ticked = 0  # ticks given, in all
         # Proposals made here awaiting their entry's apply: group -> index -> (term, future).
-        self._pending: dict[str, dict[int, tuple[int, asyncio.Future[Any]]]] = {
-            g: {} for g in groups
-        }
+        self._pending: dict[str, dict[int, tuple[int, asyncio.Future[Any]]]] = {}
         # Those made in a term this member no longer leads: group -> index -> the tick
         # their wait for an outcome ends at.
-        self._deposed: dict[str, dict[int, int]] = {g: {} for g in groups}
+        self._deposed: dict[str, dict[int, int]] = {}
         # The last entry handed to the state machine, per group (the core hears of it
         # at the round's end).
         self._applied_to: dict[str, int] = {}
         # The term each group is led by this member in, None while it is not leader.
-        self._lead_term: dict[str, int | None] = dict.fromkeys(groups)
+        self._lead_term: dict[str, int | None] = {}
         # Whether the pump waits for a write (see `_beat_while_writing`).
         self._writing = False
         # Hard states that moved only their commit index, not written yet: group -> state.
@@ -623,6 +612,7 @@ class RaftHost:
                 "messages_sent",
                 "messages_received",
                 "messages_dropped",  # over a peer's queue bound, a failed send, a full inbox
+                "messages_other_groups",  # for a group this node is not (or no more) in
                 "payloads_sent",
                 "payloads_answered",  # payloads sent in the reply to a peer's (`exchange`)
                 "heartbeats_while_writing",  # sent by a leader while a slow write ran
@@ -646,18 +636,134 @@ class RaftHost:
             0,
         )
         #: Per group, for metrics: leaders seen change, snapshots installed.
-        self.leader_changes: dict[str, int] = dict.fromkeys(groups, 0)
-        self.snapshot_installs: dict[str, int] = dict.fromkeys(groups, 0)
+        self.leader_changes: dict[str, int] = {}
+        self.snapshot_installs: dict[str, int] = {}
         #: Called after each write of the log with (entries written, seconds it took).
         self.on_persist: Callable[[int, float], None] | None = None
         # What the last round left each core at: (role, leader, elections started); the
         # last leader known per group; followers seen behind (group, peer) -> their match.
-        self._watched: dict[str, tuple[Role, str | None, int]] = {
-            g: (c.role, c.leader, c.elections) for g, c in self._cores.items()
-        }
-        self._known_leader: dict[str, str | None] = dict.fromkeys(groups)
+        self._watched: dict[str, tuple[Role, str | None, int]] = {}
+        self._known_leader: dict[str, str | None] = {}
         self._lagging: dict[tuple[str, str], int] = {}
         self._behind: dict[tuple[str, str], int] = {}
+        for gid, members in groups.items():
+            conf = confs.get(gid)
+            if conf is None and node_id not in members:
+                raise ValueError(f"group {gid!r}: {node_id!r} is not one of its members")
+            self._open_group(gid, members, conf, applied.get(gid, 0))
+
+    # -- groups ---------------------------------------------------------------------------
+
+    def _open_group(
+        self, gid: str, members: Sequence[str], conf: Conf | None, applied: int
+    ) -> None:
+        """Starts driving group `gid`: its core on its log, `applied` entries held by the
+        state machine, whose configuration then was `conf` (None: `members` all vote)."""
+        self._logs[gid] = glog = self.store.group(gid)
+        proven, told = self._self_states.get(gid, (False, (0, 0)))
+        core = self._cores[gid] = RaftCore(
+            self.node_id,
+            members,
+            glog,
+            self._rng,
+            election_ticks=self._election_ticks,
+            heartbeat_ticks=self._heartbeat_ticks,
+            applied=applied,
+            store_guard=True,
+            proven=proven,
+            told=told,
+            conf=conf,
+        )
+        self.members[gid] = tuple(members) if conf is None else ()
+        self._pending[gid] = {}
+        self._deposed[gid] = {}
+        self._lead_term[gid] = None
+        self.leader_changes.setdefault(gid, 0)
+        self.snapshot_installs.setdefault(gid, 0)
+        self._watched[gid] = (core.role, core.leader, core.elections)
+        self._known_leader[gid] = None
+        self._sync_members(gid)
+
+    def _sync_members(self, gid: str) -> None:
+        """Takes the configuration group `gid`'s core uses now (it changes as entries
+        are appended, and back when they are overwritten): its members, the peers this
+        node sends to, their probations, and the preferred leader."""
+        core = self._cores[gid]
+        conf = core.conf
+        self._confs[gid] = conf
+        members = conf.members() | {self.node_id}
+        old = self.members.get(gid, ())
+        self.members[gid] = tuple(m for m in old if m in members) + tuple(
+            sorted(members - set(old))
+        )
+        for p in members - {self.node_id}:
+            if p not in self._peers:
+                self._peers[p] = _Peer()
+        self._shared = {p: [g for g, ms in self.members.items() if p in ms] for p in self._peers}
+        core.probation = self.book.on_probation(gid, self.members[gid])
+        given = self._preferred_given
+        pref = given.get(gid) if given is not None else gid
+        self.preferred[gid] = pref if pref in conf.voters else None
+
+    def add_group(self, gid: str, conf: Conf) -> None:
+        """Starts driving a group this node was added to (as a learner, usually): its
+        log starts empty, and the leader catches it up (a snapshot, then the log)."""
+        if gid in self._cores:
+            return
+        if self.node_id not in conf.members():
+            raise ValueError(f"group {gid!r}: {self.node_id!r} is not one of its members")
+        self._open_group(gid, sorted(conf.voters), conf, 0)
+        self._wakeup()
+
+    def remove_group(self, gid: str) -> None:
+        """Stops driving a group this node was removed from (its removal committed) and
+        drops its log, at the start of the pump's next round (not while it writes); what
+        waited on it fails with `NotLeader`."""
+        if gid in self._cores:
+            self._removing.add(gid)
+            self._wakeup()
+
+    def _drop_removed(self) -> None:
+        for gid in sorted(self._removing):
+            self._drop_group(gid)
+        self._removing.clear()
+
+    def _forget_departed(self, gid: str, conf: Conf) -> None:
+        """A committed configuration of `gid` leaves out the peers that left it: their
+        probations there go, and, where they share no other group with this node, their
+        store identities (identity.PeerBook.forget)."""
+        book = self.book
+        members = conf.members()
+        held = {p for g, p in (*book.probation, *book.cleared) if g == gid}
+        for peer in (held | set(book.identities)) - members - {self.node_id}:
+            elsewhere = any(peer in c.members() for g, c in self._confs.items() if g != gid)
+            book.forget(gid, peer, last=not elsewhere)
+
+    def _drop_group(self, gid: str) -> None:
+        core = self._cores.pop(gid, None)
+        if core is None:
+            return
+        for key in [k for k in self.book.probation if k[0] == gid]:
+            del self.book.probation[key]
+        for key in [k for k in self.book.cleared if k[0] == gid]:
+            del self.book.cleared[key]
+        self._self_states.pop(gid, None)
+        for _, fut in self._pending.pop(gid, {}).values():
+            if not fut.done():
+                fut.set_exception(NotLeader(core.leader, core.term))
+        for d in (self._deposed, self._lead_term, self._watched, self._known_leader):
+            d.pop(gid, None)
+        for d2 in (self._confs, self.members, self.preferred, self._logs, self._lazy_hard):
+            d2.pop(gid, None)
+        self._applied_to.pop(gid, None)
+        self._reporting.pop(gid, None)
+        pull = self._pulling.pop(gid, None)
+        if pull is not None:
+            pull.cancel()
+        self._pulled.pop(gid, None)
+        self._inbox = deque(item for item in self._inbox if item[0] != gid)
+        self.store.drop_group(gid)
+        self._shared = {p: [g for g, ms in self.members.items() if p in ms] for p in self._peers}
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -752,6 +858,28 @@ class RaftHost:
         self._wakeup()
         return fut
 
+    def propose_conf(self, group: str, change: ConfChange) -> asyncio.Future[Any]:
+        """Proposes a change of `group`'s membership (RaftCore.propose_conf: one at a
+        time, once this leader committed in its term); the future resolves as `propose`'s
+        does once the entry is applied here, or fails with `ConfChangeRefused`."""
+        self._check_running()
+        core = self._core(group)
+        if core.role is not Role.LEADER:
+            raise NotLeader(core.leader, core.term)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._proposals.append(_Proposal(group, change, fut))
+        self._wakeup()
+        return fut
+
+    def conf(self, group: str) -> Conf:
+        """The configuration `group`'s core uses now (its newest, committed or not)."""
+        return self._core(group).conf
+
+    def conf_committed(self, group: str) -> bool:
+        """Whether the configuration in use is committed (no change under way)."""
+        core = self._core(group)
+        return core.conf_index <= core.log.committed
+
     def receive(self, payload: bytes, sender: str | None = None) -> None:
         """Takes a payload from a peer: checked whole (`BadRaftPayload`: not well formed,
         a group this node is not in, a message not for this node, or not from another
@@ -762,35 +890,32 @@ class RaftHost:
         messages. `RaftHostStopped` when stopped."""
         self._check_running()
         identity, msgs, reports = decode_payload(payload)
-        for gid, m in msgs:
-            members = self.members.get(gid)
-            if members is None:
-                raise BadRaftPayload(f"raft payload: {self.node_id} is not in group {gid[:100]!r}")
+        for _, m in msgs:
             if m.dst != self.node_id:
                 raise BadRaftPayload(
                     f"raft payload: a message for {m.dst[:100]!r} reached {self.node_id}"
                 )
-            if m.src == self.node_id or m.src not in members:
-                raise BadRaftPayload(
-                    f"raft payload: {m.src[:100]!r} is not another member of group {gid!r}"
-                )
+            if m.src == self.node_id:
+                raise BadRaftPayload(f"raft payload: a message of {m.src!r} from itself")
             if sender is not None and m.src != sender:
                 raise BadRaftPayload(
                     f"raft payload: a message from {m.src!r} sent by {sender[:100]!r}"
                 )
         for r in reports:
-            members = self.members.get(r.group)
-            if members is None or r.src not in members:
+            if r.peer in (r.src, self.node_id) or (sender is not None and r.src != sender):
                 raise BadRaftPayload(
-                    f"raft payload: a report of {r.src[:100]!r} on group {r.group[:100]!r}"
-                )
-            if r.peer not in members or r.peer in (r.src, self.node_id):
-                raise BadRaftPayload(
-                    f"raft payload: a report on {r.peer[:100]!r} in group {r.group!r}"
+                    f"raft payload: a report on {r.peer[:100]!r} in group {r.group[:100]!r}"
                 )
         self.counters["messages_received"] += len(msgs)
-        items: list[tuple[str, Message | LiftReport, str]] = [(g, m, identity) for g, m in msgs]
-        items.extend((r.group, r, identity) for r in reports)  # after the messages
+        # A group this node is not in (yet: a learner's host is told after its leader;
+        # or no more) is none of its business: its messages are dropped.
+        cores = self._cores
+        items: list[tuple[str, Message | LiftReport, str]] = [
+            (g, m, identity) for g, m in msgs if g in cores
+        ]
+        if len(items) < len(msgs):
+            self.counters["messages_other_groups"] += len(msgs) - len(items)
+        items.extend((r.group, r, identity) for r in reports if r.group in cores)
         room = self.max_inbox - len(self._inbox)
         if len(items) > room:
             self.counters["messages_dropped"] += len(items) - max(room, 0)
@@ -1012,6 +1137,8 @@ class RaftHost:
         assert wake is not None
         while self.running:
             wake.clear()
+            if self._removing:
+                self._drop_removed()
             if self._pulled or self.compact_entries:
                 await self._snapshot_round()
             # Those waiting for an answer to a payload this round takes.
@@ -1129,15 +1256,17 @@ class RaftHost:
         book = self.book
         while inbox:
             gid, m, identity = inbox.popleft()
+            core = cores.get(gid)
+            if core is None:
+                continue  # removed since it arrived
             if type(m) is LiftReport:
                 if book.identities.get(m.src) != identity:
                     self._seen(m.src, identity)
-                self._take_report(cores[gid], m)
+                self._take_report(core, m)
                 continue
             assert type(m) is Message
             if book.identities.get(m.src) != identity:
                 self._seen(m.src, identity)
-            core = cores[gid]
             if m.type is MsgType.TIMEOUT_NOW and self._leaving:
                 continue  # a member that is stopping takes no leadership handed to it
             if m.src in core.probation and m.type is MsgType.APPEND_RESP and not m.reject:
@@ -1148,11 +1277,21 @@ class RaftHost:
             p = proposals.popleft()
             if p.future.done():  # the caller gave up
                 continue
-            core = cores[p.group]
+            taker = cores.get(p.group)
+            if taker is None:  # removed meanwhile
+                p.future.set_exception(UnknownGroup(p.group))
+                continue
+            core = taker
             try:
-                index = core.propose(p.data)
+                if isinstance(p.data, ConfChange):
+                    index = core.propose_conf(p.data)
+                else:
+                    index = core.propose(p.data)
             except NotLeader as e:  # deposed, or handing over, since `propose`: not taken
                 p.future.set_exception(NotCommitted(e.leader, e.term))
+                continue
+            except ConfChangeRefused as e:
+                p.future.set_exception(e)
                 continue
             self.counters["proposals"] += 1
             self._pending[p.group][index] = (core.term, p.future)
@@ -1230,7 +1369,7 @@ class RaftHost:
         pulled, self._pulled = self._pulled, {}
         for gid, snap in pulled.items():
             core = self._cores[gid]
-            if not core.restore(snap.index, snap.term, snap.src):
+            if not core.restore(snap.index, snap.term, snap.src, conf=snap.conf):
                 self.counters["snapshots_dropped"] += 1
                 hooks.discard(snap)
                 continue
@@ -1240,6 +1379,7 @@ class RaftHost:
             await asyncio.to_thread(self._logs[gid].restore, SnapshotMeta(snap.index, snap.term))
             # Proposals the snapshot passed over are never applied here: outcome unknown.
             self._end_waits(gid, functools.partial(_at_or_below, snap.index))
+            self._forget_departed(gid, core.conf)
             self.counters["snapshots_installed"] += 1
             self.snapshot_installs[gid] += 1
             log.info(
@@ -1417,8 +1557,18 @@ class RaftHost:
 
     def _watch(self) -> None:
         """After a round: logs each group's campaigns, won elections, step-downs and
-        leader changes (once each), and counts the leader changes."""
+        leader changes (once each), and counts the leader changes; takes configurations
+        that changed."""
         for gid, core in self._cores.items():
+            if core.conf is not self._confs[gid]:
+                log.info(
+                    "%s: group %s is now %s",
+                    self.node_id,
+                    gid,
+                    core.conf.to_dict(),
+                    extra={"event": "configuration", "group": gid, **core.conf.to_dict()},
+                )
+                self._sync_members(gid)
             now = (core.role, core.leader, core.elections)
             before = self._watched[gid]
             if now == before:
@@ -1519,8 +1669,13 @@ class RaftHost:
         for e in entries:
             waiter = pending.pop(e.index, None) if pending else None
             # An exception here is a bug in the state machine: _pump_loop stops the host.
+            # (A configuration entry goes to it too: it records the configuration.)
             result = apply(gid, e)
             self.counters["applied"] += 1
+            if e.data is not None and e.data.startswith(CONF_PREFIX):
+                conf = Conf.decode(e.data)
+                assert conf is not None
+                self._forget_departed(gid, conf)
             if waiter is None:
                 continue
             if deposed:
@@ -1540,7 +1695,9 @@ class RaftHost:
     # -- the transport --------------------------------------------------------------------
 
     def _enqueue(self, gid: str, m: Message) -> None:
-        peer = self._peers[m.dst]
+        peer = self._peers.get(m.dst)
+        if peer is None:  # a member named by a configuration entry just appended
+            peer = self._peers[m.dst] = _Peer()
         packed = _pack_message(self._packer, gid, m)
         if (
             len(peer.queue) >= self.max_queued_messages

@@ -208,6 +208,22 @@ class RaftLogStore:
             g = self._groups[group_id] = GroupLog(self, group_id)
         return g
 
+    def drop_group(self, group_id: str) -> None:
+        """Deletes everything kept for `group_id` (this node left the group), in one
+        transaction (or the open batch)."""
+        self._check()
+        self._groups.pop(group_id, None)
+        with self._transaction():
+            for table in (
+                "raft_log",
+                "raft_hard_state",
+                "raft_snapshot",
+                "raft_self",
+                "raft_probation",
+                "raft_cleared",
+            ):
+                self._conn.execute(f"DELETE FROM {table} WHERE grp = ?", (group_id,))
+
     def group_ids(self) -> list[str]:
         """Every group with a hard state or an entry in the file, sorted."""
         rows = self._conn.execute(
