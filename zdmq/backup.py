@@ -43,6 +43,7 @@ from typing import Any
 from zdmq import _http
 from zdmq.config import ClusterConfig
 from zdmq.errors import ConfigError, NodeUnavailable, RouteNotFound
+from zdmq.raft.core import Conf
 from zdmq.routing import group_members
 
 __all__ = ["MANIFEST", "GroupBackup", "fetch_backup", "restore_node"]
@@ -158,6 +159,17 @@ def check_state_copy(path: Path, what: str, kind: str) -> tuple[int, int]:
     finally:
         conn.close()
     return int(machine.get("applied", 0)), int(machine.get("applied_term", 0))
+
+
+def state_conf(path: Path) -> Conf | None:
+    """The group configuration a copy of a state file records (None: its first members
+    all vote). Blocking: run it in a thread."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = conn.execute("SELECT value FROM machine WHERE key = 'conf'").fetchone()
+    finally:
+        conn.close()
+    return Conf.from_json(row[0]) if row is not None and isinstance(row[0], str) else None
 
 
 def read_chunk(path: Path, offset: int, limit: int) -> tuple[int, bytes]:

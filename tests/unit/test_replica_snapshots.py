@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from zdmq.backup import state_conf
 from zdmq.config import ClusterConfig
 from zdmq.errors import StorageFailed
+from zdmq.raft.core import Conf
 from zdmq.raft.driver import PulledSnapshot
 from zdmq.raft.sqlite_storage import RaftLogStore
 from zdmq.raft.storage import Entry, HardState, SnapshotMeta
@@ -125,6 +127,24 @@ async def test_a_checkpoint_and_a_copy_hold_what_was_applied(tmp_path: Path) -> 
     copy.load()
     assert (copy.applied, copy.applied_term, copy.clock) == (9, 3, 2.0)
     await copy.close()
+
+
+async def test_a_state_records_its_groups_configuration_and_its_copy_carries_it(
+    tmp_path: Path,
+) -> None:
+    storage = SqliteStorage(tmp_path / "group-g.sqlite3", fsync=False, replica=True)
+    storage.load()
+    assert storage.conf is None  # the group's first members all vote
+    conf = Conf(frozenset({"n1", "n2", "n4"}), frozenset({"n5"}))
+    storage.note_conf(conf)
+    storage.note_applied(4, 1.0, 2)
+    storage.copy_to(tmp_path / "copy.sqlite3")
+    await storage.close()
+    assert state_conf(tmp_path / "copy.sqlite3") == conf
+    again = SqliteStorage(tmp_path / "group-g.sqlite3", fsync=False, replica=True)
+    again.load()
+    assert (again.conf, again.applied) == (conf, 4)
+    await again.close()
 
 
 async def test_install_replaces_the_state_file_and_reloads_the_group(tmp_path: Path) -> None:

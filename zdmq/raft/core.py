@@ -153,19 +153,25 @@ class Conf:
 
     def encode(self) -> bytes:
         """The data of the log entry that makes this the configuration."""
-        body = {"voters": sorted(self.voters), "learners": sorted(self.learners)}
-        return CONF_PREFIX + json.dumps(body, separators=(",", ":")).encode()
+        return CONF_PREFIX + self.to_json().encode()
 
     @staticmethod
     def decode(data: bytes | None) -> Conf | None:
         """The configuration an entry's data carries, or None for any other entry."""
         if data is None or not data.startswith(CONF_PREFIX):
             return None
-        body = json.loads(data[len(CONF_PREFIX) :])
-        return Conf(frozenset(body["voters"]), frozenset(body["learners"]))
+        return Conf.from_json(data[len(CONF_PREFIX) :].decode())
 
     def to_dict(self) -> dict[str, list[str]]:
         return {"voters": sorted(self.voters), "learners": sorted(self.learners)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> Conf:
+        body = json.loads(text)
+        return Conf(frozenset(body["voters"]), frozenset(body["learners"]))
 
 
 @dataclass(frozen=True, slots=True)

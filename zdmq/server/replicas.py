@@ -51,9 +51,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
-from zdmq.backup import check_state_copy, read_chunk, sync_dir
+from zdmq.backup import check_state_copy, read_chunk, state_conf, sync_dir
 from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
+from zdmq.raft.core import Conf
 from zdmq.raft.core import NotCommitted as RaftNotCommitted
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
@@ -154,6 +155,7 @@ class Member:
             for f in self.snap_dir.iterdir():
                 f.unlink(missing_ok=True)
         applied = {g: node.storage.applied for g, node in self.nodes.items()}
+        confs = {g: c for g, node in self.nodes.items() if (c := node.storage.conf) is not None}
         self.raft = RaftHost(
             self.id,
             {g: self.members[g] for g in self.groups},
@@ -169,6 +171,7 @@ class Member:
             snapshots=self if self.config.durability != "memory" else None,
             compact_entries=self.config.replication_log_entries,
             compact_bytes=self.config.replication_log_bytes,
+            confs=confs,
         )
         self.raft.start()
 
@@ -187,8 +190,13 @@ class Member:
         """A committed entry of `group`, applied to this member's copy of its state."""
         node = self.nodes[group]
         result = None
-        if entry.data is not None:
-            result = apply_command(node.state, decode_command(entry.data))
+        data = entry.data
+        if data is not None:
+            conf = Conf.decode(data)
+            if conf is None:
+                result = apply_command(node.state, decode_command(data))
+            else:
+                node.storage.note_conf(conf)
         node.storage.note_applied(entry.index, node.state.clock, entry.term)
         return result
 
@@ -320,7 +328,8 @@ class Member:
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        return PulledSnapshot(group, src, index, term, path)
+        conf = await asyncio.to_thread(state_conf, path)
+        return PulledSnapshot(group, src, index, term, path, conf)
 
     async def install(self, snap: PulledSnapshot) -> None:
         node = self.nodes[snap.group]

@@ -42,6 +42,7 @@ import orjson
 
 from zdmq.errors import StorageFailed
 from zdmq.models import QueueSettings
+from zdmq.raft.core import Conf
 from zdmq.server.state import (
     CANCELS_KEPT,
     TIES_KEPT,
@@ -120,7 +121,8 @@ CREATE TABLE IF NOT EXISTS dedup (
     until REAL NOT NULL
 );
 -- A replica group's state: the last log index applied (`applied`), that entry's term
--- (`applied_term`) and the state's clock.
+-- (`applied_term`), the state's clock, and the group's configuration as of `applied`
+-- (`conf`, JSON text; absent while the group's first members all vote).
 CREATE TABLE IF NOT EXISTS machine (
     key TEXT PRIMARY KEY,
     value REAL NOT NULL
@@ -181,6 +183,8 @@ class Storage:
     applied = 0
     applied_term = 0
     clock = 0.0
+    #: The group's configuration as of `applied` (None: its first members all vote).
+    conf: Conf | None = None
     # Rows of delivered messages served from the cache of recent pushes, and read back.
     cache_hits = 0
     cache_misses = 0
@@ -215,6 +219,10 @@ class Storage:
         self.applied, self.clock = index, clock
         if term:
             self.applied_term = term
+
+    def note_conf(self, conf: Conf) -> None:
+        """The group applied a configuration entry: written with the next `note_applied`."""
+        self.conf = conf
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -346,6 +354,8 @@ class SqliteStorage(Storage):
         self.applied = int(machine.get("applied", 0))
         self.applied_term = int(machine.get("applied_term", 0))
         self.clock = state.clock = float(machine.get("clock", 0.0))
+        conf = machine.get("conf")
+        self.conf = Conf.from_json(conf) if isinstance(conf, str) else None
         self._loading = True  # the replay below writes nothing back
         for name, incarnation, created_at, settings in conn.execute(
             "SELECT name, incarnation, created_at, settings FROM queues"
@@ -577,14 +587,14 @@ class SqliteStorage(Storage):
             try:
                 if not conn.in_transaction:
                     conn.execute("BEGIN")
-                conn.executemany(
-                    "INSERT OR REPLACE INTO machine (key, value) VALUES (?, ?)",
-                    (
-                        ("applied", self.applied),
-                        ("applied_term", self.applied_term),
-                        ("clock", self.clock),
-                    ),
-                )
+                rows: list[tuple[str, float | str]] = [
+                    ("applied", self.applied),
+                    ("applied_term", self.applied_term),
+                    ("clock", self.clock),
+                ]
+                if self.conf is not None:
+                    rows.append(("conf", self.conf.to_json()))
+                conn.executemany("INSERT OR REPLACE INTO machine (key, value) VALUES (?, ?)", rows)
             except Exception as e:
                 self._fail(e)
                 return
