@@ -18,7 +18,7 @@ from zdmq.raft import (
     RaftCore,
     Role,
 )
-from zdmq.raft.core import CONF_PREFIX, Conf, ConfChange, ConfChangeRefused
+from zdmq.raft.core import CONF_PREFIX, Conf, ConfChange, ConfChangeRefused, next_change
 
 BASE = Conf(frozenset({"n0", "n1", "n2"}))
 
@@ -268,3 +268,19 @@ def test_a_member_holding_its_own_uncommitted_removal_still_stands_and_commits_i
     assert g["n0"].role is Role.FOLLOWER and g["n0"].log.committed >= g["n0"].conf_index
     lead = g.elect_any()
     assert lead in ("n1", "n2")
+
+
+def test_a_move_is_read_off_the_committed_configuration_so_a_rerun_resumes_it() -> None:
+    steps = []
+    conf = BASE
+    while (change := next_change(conf, "n3", "n0")) is not None:
+        steps.append((change.kind, change.node))
+        conf = change.applied_to(conf)
+    assert steps == [("add_learner", "n3"), ("promote", "n3"), ("remove", "n0")]
+    assert conf == Conf(frozenset({"n1", "n2", "n3"}))
+    # Rerun from any point, it goes on from there; a move already made is done.
+    assert next_change(Conf(BASE.voters, frozenset({"n3"})), "n3", "n0") == ConfChange(
+        "promote", "n3"
+    )
+    assert next_change(conf, "n3", "n0") is None
+    assert next_change(BASE, None, "n2") == ConfChange("remove", "n2")

@@ -128,6 +128,7 @@ __all__ = [
     "RaftCore",
     "Ready",
     "Role",
+    "next_change",
 ]
 
 #: Entries one append message carries at most, unless the core is given another limit.
@@ -199,6 +200,21 @@ class ConfChange:
                 raise ConfChangeRefused(f"{node} is the last voter")
             return Conf(voters - {node}, learners - {node})
         raise ConfChangeRefused(f"unknown change {self.kind!r}")
+
+
+def next_change(conf: Conf, add: str | None, remove: str | None) -> ConfChange | None:
+    """The next single change of a replica move (`add` in, `remove` out, either may be
+    None) from the group's committed configuration `conf`: add `add` as a learner, promote
+    it, then remove `remove`; None once done. A move resumed after a crash, or rerun,
+    takes up where the log stands: each step is read off the configuration, not
+    remembered."""
+    if add is not None and add not in conf.members():
+        return ConfChange("add_learner", add)
+    if add is not None and add in conf.learners:
+        return ConfChange("promote", add)
+    if remove is not None and remove in conf.members():
+        return ConfChange("remove", remove)
+    return None
 
 
 class ConfChangeRefused(Exception):

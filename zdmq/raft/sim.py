@@ -86,7 +86,6 @@ from typing import Any
 from zdmq.raft.core import (
     SENT_BEFORE_PERSIST,
     Conf,
-    ConfChange,
     ConfChangeRefused,
     Message,
     MsgType,
@@ -94,6 +93,7 @@ from zdmq.raft.core import (
     RaftCore,
     Ready,
     Role,
+    next_change,
 )
 from zdmq.raft.identity import LiftReport, PeerBook, report_current
 from zdmq.raft.sim_queue import QueueClients, QueueCounts, is_command, replay
@@ -482,18 +482,13 @@ class _Sim:
                 return
             self._log(f"the mover starts {self.move}")
         _, add, remove = self.move
-        change: ConfChange | None = None
-        if add is not None and add not in conf.members():
-            new = self.nodes[add]
-            if not new.joined:
-                self._join(new, Conf(conf.voters, conf.learners | {add}))
-            change = ConfChange("add_learner", add)
-        elif add is not None and add in conf.learners:
-            if not self.nodes[add].joined:  # it left while its addition was uncommitted
-                self._join(self.nodes[add], conf)
-            change = ConfChange("promote", add)
-        elif remove is not None and remove in conf.members():
-            change = ConfChange("remove", remove)
+        change = next_change(conf, add, remove)
+        if change is not None and change.kind != "remove" and not self.nodes[change.node].joined:
+            # A new member's host starts the group (or starts it again: it left while
+            # its addition was uncommitted).
+            learners = conf.learners | {change.node}
+            start = conf if change.kind == "promote" else Conf(conf.voters, learners)
+            self._join(self.nodes[change.node], start)
         if change is None:
             self._log(f"the mover finished {self.move}")
             self.result.moves += 1
