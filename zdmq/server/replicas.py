@@ -54,7 +54,7 @@ from zdmq import _http
 from zdmq.backup import check_state_copy, read_chunk, state_conf, sync_dir
 from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
-from zdmq.raft.core import Conf
+from zdmq.raft.core import Conf, ConfChange, ConfChangeRefused
 from zdmq.raft.core import NotCommitted as RaftNotCommitted
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
@@ -103,6 +103,13 @@ class SnapshotChunk:
         self.index, self.term, self.size, self.offset, self.data = index, term, size, offset, data
 
 
+def voters_in_order(group: str, conf: Conf) -> tuple[str, ...]:
+    """`group`'s voters as callers try them: its preferred leader (the node named as the
+    group, while it votes) first, then the others in order."""
+    rest = sorted(conf.voters - {group})
+    return (group, *rest) if group in conf.voters else tuple(rest)
+
+
 class Member:
     """The replica groups one node process takes part in."""
 
@@ -111,6 +118,7 @@ class Member:
 
         self.config = config
         self.id = node_id
+        self.secret = secret
         self.started_at = time.time()
         self.members = group_members(config.node_ids, config.replication)
         self.groups = [g for g, ms in self.members.items() if node_id in ms]
@@ -156,6 +164,8 @@ class Member:
                 f.unlink(missing_ok=True)
         applied = {g: node.storage.applied for g, node in self.nodes.items()}
         confs = {g: c for g, node in self.nodes.items() if (c := node.storage.conf) is not None}
+        for g, conf in confs.items():
+            self.members[g] = voters_in_order(g, conf)
         self.raft = RaftHost(
             self.id,
             {g: self.members[g] for g in self.groups},
@@ -197,6 +207,7 @@ class Member:
                 result = apply_command(node.state, decode_command(data))
             else:
                 node.storage.note_conf(conf)
+                self.members[group] = voters_in_order(group, conf)
         node.storage.note_applied(entry.index, node.state.clock, entry.term)
         return result
 
@@ -348,6 +359,64 @@ class Member:
 
     def discard(self, snap: PulledSnapshot) -> None:
         snap.path.unlink(missing_ok=True)
+
+    # ---- membership changes ------------------------------------------------------------
+    async def change_membership(self, group: str, change: ConfChange) -> Conf:
+        """As `group`'s leader, commits one change of its members (RaftHost.propose_conf)
+        and returns the configuration it made. NotLeader when this member does not lead
+        it; BadRequest for a change refused (one is under way, a learner not caught up,
+        one that does not apply)."""
+        host = self.raft
+        if host is None:
+            raise NodeUnavailable(f"{self.id}: replication is not running")
+        self._serving(group)  # NotLeader unless it leads and serves
+        try:
+            await host.propose_conf(group, change)
+        except ConfChangeRefused as e:
+            raise BadRequest(f"group {group}: {e}") from None
+        except RaftNotCommitted as e:
+            raise self.not_leader(group, e.leader) from None
+        except RaftNotLeader:
+            raise NodeUnavailable(
+                f"group {group} changed leader before the change committed: it may still "
+                "take effect"
+            ) from None
+        return host.conf(group)
+
+    async def join_group(self, group: str, conf: Conf) -> None:
+        """Starts keeping `group`, which this member was added to (as a learner): an
+        empty state, caught up by its leader with a snapshot and then the log."""
+        from zdmq.server.node import Node  # node.py imports this module
+
+        if group in self.nodes or self.raft is None:
+            return
+        node = Node(
+            self.config,
+            group,
+            open_storage(self.config.durability, self.data_dir, group=group),
+            secret=self.secret,
+            member=self,
+        )
+        await node.start()
+        self.nodes[group] = node
+        self.groups.append(group)
+        self.members[group] = voters_in_order(group, conf)
+        self.snapshots_sent.setdefault(group, 0)
+        self.raft.add_group(group, conf)
+
+    async def leave_group(self, group: str) -> None:
+        """Stops keeping `group`, whose removal of this member is committed: its Raft log
+        and its state file go."""
+        node = self.nodes.pop(group, None)
+        if node is None or self.raft is None:
+            return
+        self.raft.remove_group(group)
+        self.groups.remove(group)
+        await node.stop()
+        target = self.data_dir / f"group-{group}.sqlite3"
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            target.with_name(target.name + suffix).unlink(missing_ok=True)
+        sync_dir(self.data_dir)
 
     async def propose(self, group: str, cmd: Command) -> Any:
         """`cmd`'s result once it is committed in `group`'s log and applied here.
