@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 from zdmq.errors import NodeUnavailable, NotLeader, ZdmqError
@@ -48,15 +48,25 @@ class GroupRouter:
     """Finds a group's leader for a call: the leader last heard of (`known(group)`, the
     caller's own knowledge if it is a member, else the last 421's hint), then the other
     members in ring order; members that did not answer lately (a timeout here, or
-    `silent(node)`) last."""
+    `silent(node)`) last.
+
+    A group's members may have changed since `members` was made (a replica moved to
+    another node): a leader named by a member's 421 is followed wherever it is, if it is
+    one of `nodes` (the nodes a call can reach; default: every member of every group)."""
 
     def __init__(
         self,
         members: Mapping[str, Sequence[str]],
         known: Callable[[str], str | None] | None = None,
         silent: Callable[[str], bool] | None = None,
+        nodes: Iterable[str] | None = None,
     ) -> None:
         self.members = members
+        self.nodes = (
+            frozenset(nodes)
+            if nodes is not None
+            else frozenset(n for ms in members.values() for n in ms)
+        )
         self._known = known
         # A node's own view of which members stopped answering (its Raft traffic): they
         # are tried last, before a call waits out their timeout.
@@ -74,6 +84,8 @@ class GroupRouter:
         if known in order:
             order.remove(known)
             order.insert(0, known)
+        elif known is not None and known in self.nodes:
+            order.insert(0, known)  # a member the list does not name (yet)
         if self._suspect:
             now = time.monotonic()
             for node, until in list(self._suspect.items()):
@@ -108,7 +120,7 @@ class GroupRouter:
             except NotLeader as e:
                 last = e
                 hint = e.leader
-                if hint is not None and hint in self.members[group] and hint != target:
+                if hint is not None and hint in self.nodes and hint != target:
                     if hint in tried:  # sent back where it was refused: leadership moves
                         await asyncio.sleep(BACKOFF_S[attempt])
                     self._hints[group] = hint

@@ -195,6 +195,7 @@ class Cluster:
         return await until(
             lambda: all(
                 self.leader_of(g) == g
+                and self.hosts[g].commit_index(g) >= 1  # its empty entry, at least
                 and all(
                     len(self.applied[n].get(g, [])) >= self.hosts[g].commit_index(g)
                     for n in self.groups[g]

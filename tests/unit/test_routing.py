@@ -40,6 +40,16 @@ async def test_a_hint_is_followed_at_once() -> None:
     assert sent == ["n1", "n2"]
 
 
+async def test_a_hint_naming_a_node_the_members_list_lacks_is_followed_if_reachable() -> None:
+    # Group n1's replica moved from n3 to n4 since the list was made: n2 names n4.
+    send, sent = scripted({"n1": ["down"], "n2": ["n4"], "n3": ["n4"], "n4": []})
+    assert await GroupRouter(MEMBERS).call("n1", send) == "n4"
+    assert sent == ["n1", "n2", "n4"]
+    # A node no call can reach is not followed: the members are tried instead.
+    send, sent = scripted({"n1": ["n9"], "n2": [], "n3": []})
+    assert await GroupRouter(MEMBERS, nodes=["n1", "n2", "n3", "n4"]).call("n1", send) == "n2"
+
+
 async def test_a_leader_handing_over_is_asked_again_after_a_pause_not_spun_on() -> None:
     # n2 still leads but hands over (it names itself); n3 does not lead yet (names n2).
     send, sent = scripted({"n1": ["n2"], "n2": ["n2", "n2", "n2"], "n3": ["n2", "n2"]})

@@ -560,6 +560,8 @@ class RaftHost:
         self._confs: dict[str, Conf] = {}
         # Groups to stop driving at the start of the next round (`remove_group`).
         self._removing: set[str] = set()
+        # Leadership hand-overs asked for (`transfer`): (group, to), for the next round.
+        self._transfers: list[tuple[str, str]] = []
         self.identity = store.identity
         #: Peers' store identities and probations (zdmq/raft/identity.py), kept in `store`.
         self.book = store.peer_book()
@@ -870,6 +872,18 @@ class RaftHost:
         self._proposals.append(_Proposal(group, change, fut))
         self._wakeup()
         return fut
+
+    def transfer(self, group: str, to: str) -> None:
+        """As `group`'s leader, hands its leadership to voter `to` once `to` is caught up
+        (in the pump's next round; NotLeader now if this member does not lead)."""
+        self._check_running()
+        core = self._core(group)
+        if core.role is not Role.LEADER:
+            raise NotLeader(core.leader, core.term)
+        if to not in core.conf.voters:
+            raise ConfChangeRefused(f"{to} is not a voter of group {group}")
+        self._transfers.append((group, to))
+        self._wakeup()
 
     def conf(self, group: str) -> Conf:
         """The configuration `group`'s core uses now (its newest, committed or not)."""
@@ -1295,6 +1309,12 @@ class RaftHost:
                 continue
             self.counters["proposals"] += 1
             self._pending[p.group][index] = (core.term, p.future)
+        transfers, self._transfers = self._transfers, []
+        for gid, to in transfers:
+            leader = cores.get(gid)
+            if leader is not None and leader.role is Role.LEADER and to in leader.conf.voters:
+                leader.transfer_leadership(to)
+                self.counters["transfers"] += 1
         if self._leaving:
             self._hand_over_all()
         # The ticks that passed while a round ran count up to half an election timeout:

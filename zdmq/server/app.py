@@ -92,9 +92,11 @@ from zdmq.models import (
 )
 from zdmq.raft.driver import RAFT_CONTENT_TYPE, RAFT_PATH
 from zdmq.routing import GROUP_HEADER
+from zdmq.server import membership
 from zdmq.server import status as cluster_status
 from zdmq.server.backup import BACKUP_COPY_HEADER, BackupCopies
 from zdmq.server.http import App, Request, Response, json_response
+from zdmq.server.membership import MEMBER, NODE
 from zdmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from zdmq.server.metrics import NodeMetrics
 from zdmq.server.node import (
@@ -119,8 +121,6 @@ __all__ = ["HAND_OVER", "NODE", "make_app"]
 
 log = logging.getLogger("zdmq.http")
 
-NODE = "node"
-MEMBER = "member"
 BACKUPS = "backups"
 CONFIG = "config"
 METRICS = "metrics"
@@ -2104,5 +2104,10 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/internal/ready", internal_ready, NODE_ONLY),
     ("POST", "/v1/internal/raft", internal_raft, NODE_ONLY),
     ("GET", "/v1/internal/snapshots/{group}", internal_snapshot, NODE_ONLY),
+    ("GET", "/v1/internal/groups/{group}", membership.conf_of_group, NODE_ONLY),
+    ("PUT", "/v1/internal/groups/{group}", membership.join_group, NODE_ONLY),
+    ("DELETE", "/v1/internal/groups/{group}", membership.leave_group, NODE_ONLY),
+    ("POST", "/v1/internal/groups/{group}/changes", membership.change_group, NODE_ONLY),
+    ("POST", "/v1/internal/groups/{group}/transfer", membership.transfer_group, NODE_ONLY),
     ("GET", "/v1/internal/status", internal_status, NODE_ONLY),
 )

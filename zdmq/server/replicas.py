@@ -140,7 +140,7 @@ class Member:
         self._raft_pool = node_pool(config, secret, node_id, timeout_s=1.0, limit_per_host=4)
         # Calls to other groups find their leaders: this member's own knowledge of the
         # groups it is in, 421 hints for the others.
-        self.router = GroupRouter(self.members, self._leader_of, self.silent)
+        self.router = GroupRouter(self.members, self._leader_of, self.silent, self.urls)
         self.store: RaftLogStore | None = None
         self.raft: RaftHost | None = None
         #: Per group: snapshots of its state this member began to send (for metrics).
@@ -382,6 +382,18 @@ class Member:
                 "take effect"
             ) from None
         return host.conf(group)
+
+    def transfer(self, group: str, to: str) -> None:
+        """As `group`'s leader, hands its lead to voter `to` (NotLeader if this member does
+        not lead it; BadRequest if `to` does not vote)."""
+        host = self.raft
+        if host is None:
+            raise NodeUnavailable(f"{self.id}: replication is not running")
+        self._serving(group)
+        try:
+            host.transfer(group, to)
+        except ConfChangeRefused as e:
+            raise BadRequest(str(e)) from None
 
     async def join_group(self, group: str, conf: Conf) -> None:
         """Starts keeping `group`, which this member was added to (as a learner): an
