@@ -98,6 +98,9 @@ class ClusterConfig:
     # messages; 0: none).
     replication_log_bytes: int = 256 << 20
     partitions: int = 256
+    # Replica groups `g0`..`g{groups-1}` over the partitions, whose members move when nodes
+    # join or leave (docs/design.md §19); None: one group per node, on its ring window (§15).
+    groups: int | None = None
     data_dir: Path = Path("data")
     durability: Durability = "fsync"
     limits: Limits = field(default_factory=Limits)
@@ -138,6 +141,7 @@ class ClusterConfig:
             "replication_log_entries",
             "replication_log_bytes",
             "partitions",
+            "groups",
             "data_dir",
             "durability",
             "limits",
@@ -161,6 +165,7 @@ class ClusterConfig:
         partitions = _int(raw, "partitions", 256, 1, 1 << 20)
         if partitions < len(nodes):
             raise ConfigError(f"partitions: {partitions} is fewer than the {len(nodes)} nodes")
+        groups = _groups(raw, replication, partitions)
         data_dir_raw = raw.get("data_dir", "data")
         if not isinstance(data_dir_raw, str) or not data_dir_raw:
             raise ConfigError(f"data_dir: expected a path string, got {data_dir_raw!r}")
@@ -181,6 +186,7 @@ class ClusterConfig:
             replication_log_entries=_int(raw, "replication_log_entries", 10_000, 0, 1 << 40),
             replication_log_bytes=_int(raw, "replication_log_bytes", 256 << 20, 0, 1 << 50),
             partitions=partitions,
+            groups=groups,
             data_dir=data_dir,
             durability=durability,
             limits=_limits(raw.get("limits", {})),
@@ -223,6 +229,7 @@ class ClusterConfig:
             "replication_log_entries": self.replication_log_entries,
             "replication_log_bytes": self.replication_log_bytes,
             "partitions": self.partitions,
+            **({"groups": self.groups} if self.groups is not None else {}),
             "data_dir": str(self.data_dir),
             "durability": self.durability,
             "limits": {
@@ -273,6 +280,20 @@ def _nodes(raw: Any) -> tuple[NodeConfig, ...]:
         seen_addrs.add((host, port))
         out.append(NodeConfig(node_id, host, port))
     return tuple(out)
+
+
+def _groups(raw: Mapping[str, Any], replication: int, partitions: int) -> int | None:
+    """`groups`, when given: the groups are Raft groups whose members move, so there must
+    be copies to move (replication 2 or more), and each group must keep some partition."""
+    if raw.get("groups") is None:
+        return None
+    groups = _int(raw, "groups", 0, 1, partitions)
+    if replication < 2:
+        raise ConfigError(
+            f"groups: needs replication 2 or more (the groups are Raft groups whose members "
+            f"move between nodes), the file has replication {replication}"
+        )
+    return groups
 
 
 def _limits(raw: Any) -> Limits:

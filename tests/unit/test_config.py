@@ -116,6 +116,14 @@ BAD_FILES: dict[str, tuple[Any, str]] = {
     "replication_a_string": (_with(replication="2"), r"^replication: "),
     "partitions_fewer_than_nodes": (_with(partitions=2), r"^partitions: "),
     "unknown_field": (_with(colour="red"), r"^colour: unknown field"),
+    "groups_zero": (_with(groups=0), r"^groups: expected an integer in 1\.\.64, got 0"),
+    "groups_over_partitions": (_with(groups=65), r"^groups: expected an integer in 1\.\.64"),
+    "groups_a_string": (_with(groups="24"), r"^groups: "),
+    "groups_a_bool": (_with(groups=True), r"^groups: "),
+    "groups_with_one_copy": (
+        _with(groups=8, replication=1),
+        r"^groups: needs replication 2 or more .* replication 1$",
+    ),
     "bad_durability": (_with(durability="sometimes"), r"^durability: .*'sometimes'"),
     "empty_data_dir": (_with(data_dir=""), r"^data_dir: "),
     "limits_not_a_mapping": (_with(limits=5), r"^limits: "),
@@ -166,6 +174,21 @@ def test_replication_3_needs_three_nodes(tmp_path: Path) -> None:
     nodes = [{"id": "a", "port": 9000}, {"id": "b", "port": 9001}]
     with pytest.raises(ConfigError, match=r"^replication: 3 copies need at least 3 nodes"):
         ClusterConfig.load(_write(tmp_path, {"nodes": nodes, "replication": 3}))
+
+
+def test_groups_is_absent_by_default_and_round_trips_when_set(tmp_path: Path) -> None:
+    config = ClusterConfig.from_dict(_good())
+    assert config.groups is None
+    assert "groups" not in config.to_dict()
+    grouped = ClusterConfig.load(_write(tmp_path, _with(groups=24)))
+    assert grouped.groups == 24
+    assert grouped.to_dict()["groups"] == 24
+    assert ClusterConfig.load(_write(tmp_path, grouped.to_dict())) == grouped
+
+
+def test_groups_may_be_as_many_as_the_partitions_and_fewer_than_the_nodes() -> None:
+    assert ClusterConfig.from_dict(_with(groups=64)).groups == 64
+    assert ClusterConfig.from_dict(_with(groups=1)).groups == 1
 
 
 def test_the_http_edge_limits_have_defaults_and_round_trip(tmp_path: Path) -> None:
