@@ -135,6 +135,14 @@ def test_a_bad_config_file_names_the_field_and_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "nodes[0].port" in r.stderr
 
 
+def test_a_node_refuses_a_groups_layout_it_does_not_place_keys_by(tmp_path: Path) -> None:
+    cfg = tmp_path / "cluster.yaml"
+    nodes = "".join(f"  - {{id: n{i}, host: 127.0.0.1, port: {7790 + i}}}\n" for i in (1, 2, 3))
+    cfg.write_text(f"nodes:\n{nodes}replication: 3\ngroups: 24\ndata_dir: {tmp_path}\n")
+    r = zdmq("node", "--node", "n1", "--config", str(cfg))
+    assert r.returncode != 0 and "groups: 24" in r.stderr and "remove the key" in r.stderr
+
+
 def _free_ports(n: int) -> list[int]:
     # `zdmq up` binds the ports its file names, so this test has to name free ones: the
     # kernel picks them, they are released, and `up` binds them. Another process could take
