@@ -851,25 +851,22 @@ class RaftHost:
         still have committed, the caller cannot know, so a retry must be idempotent or
         the caller must accept a duplicate.
         """
+        return self._queue_proposal(group, data)
+
+    def propose_conf(self, group: str, change: ConfChange) -> asyncio.Future[Any]:
+        """Proposes a change of `group`'s membership (RaftCore.propose_conf: one at a
+        time, once this leader committed in its term); the future resolves as `propose`'s
+        does once the entry is applied here, or fails with `ConfChangeRefused`."""
+        return self._queue_proposal(group, change)
+
+    def _queue_proposal(self, group: str, data: bytes | ConfChange) -> asyncio.Future[Any]:
+        """Queues `data` for the pump to give `group`'s core (NotLeader now unless it leads)."""
         self._check_running()
         core = self._core(group)
         if core.role is not Role.LEADER:
             raise NotLeader(core.leader, core.term)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._proposals.append(_Proposal(group, data, fut))
-        self._wakeup()
-        return fut
-
-    def propose_conf(self, group: str, change: ConfChange) -> asyncio.Future[Any]:
-        """Proposes a change of `group`'s membership (RaftCore.propose_conf: one at a
-        time, once this leader committed in its term); the future resolves as `propose`'s
-        does once the entry is applied here, or fails with `ConfChangeRefused`."""
-        self._check_running()
-        core = self._core(group)
-        if core.role is not Role.LEADER:
-            raise NotLeader(core.leader, core.term)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._proposals.append(_Proposal(group, change, fut))
         self._wakeup()
         return fut
 
@@ -896,12 +893,14 @@ class RaftHost:
 
     def receive(self, payload: bytes, sender: str | None = None) -> None:
         """Takes a payload from a peer: checked whole (`BadRaftPayload`: not well formed,
-        a group this node is not in, a message not for this node, or not from another
-        member of its group, or, when `sender` names the node the payload came from (the
-        node credential of the HTTP call), not from `sender`; a lift report on a group
-        this node or its sender is not in, or on a peer that is no other member of it),
+        a message not for this node, or from this node, or, when `sender` names the node
+        the payload came from (the node credential of the HTTP call), not from `sender`;
+        a lift report by another node than `sender`, on its sender or on this node),
         then queued for the pump with the sender's store identity, reports after the
-        messages. `RaftHostStopped` when stopped."""
+        messages. Messages and reports of a group this node does not drive are dropped
+        (membership changes reach the members one by one); the core decides what a
+        message from outside a group's configuration is worth. `RaftHostStopped` when
+        stopped."""
         self._check_running()
         identity, msgs, reports = decode_payload(payload)
         for _, m in msgs:
