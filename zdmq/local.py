@@ -235,18 +235,23 @@ class LocalCluster:
         url = config.node(node_id).url + "/v1/health"
         ctx = config.client_ssl()
         deadline = time.monotonic() + timeout_s
+        seen: object = None  # the last health reply, or why there was none
         while True:
             try:
                 with urllib.request.urlopen(url, timeout=5, context=ctx) as r:
                     groups = json.loads(r.read()).get("groups", {})
+                seen = groups.get(node_id)
                 if groups.get(node_id, {}).get("role") == "leader":
                     return
-            except (OSError, ValueError):
-                pass  # not answering yet, or busy: asked again
+            except (OSError, ValueError) as e:
+                seen = repr(e)  # not answering yet, or busy: asked again
             if time.monotonic() > deadline:
+                others = "".join(
+                    f"\n--- {m}:\n{self.nodes[m].log_tail()}" for m in running if m != node_id
+                )
                 raise TimeoutError(
-                    f"node {node_id} does not lead its replica group after {timeout_s}s:\n"
-                    + self.nodes[node_id].log_tail()
+                    f"node {node_id} does not lead its replica group after {timeout_s}s "
+                    f"(its health says {seen}):\n{self.nodes[node_id].log_tail()}{others}"
                 )
             time.sleep(0.05)
 

@@ -34,13 +34,10 @@ Call = Callable[[str | tuple[str, str], str, str, Any], Awaitable[Any]]
 POLL_S = 0.1
 
 
-class MoveStuck(ZdmqError):
+class MoveStuck(NodeUnavailable):
     """A move made no progress within its time: the group has no leader, or the new
-    member does not catch up. Run it again once the cause is gone; it goes on from where
-    the group's log stands."""
-
-    status = 503
-    code = "move_stuck"
+    member does not catch up (503 node_unavailable). Run it again once the cause is gone;
+    it goes on from where the group's log stands."""
 
 
 @dataclass(slots=True)
