@@ -735,7 +735,9 @@ class RaftHost:
         probations there go, and, where they share no other group with this node, their
         store identities (identity.PeerBook.forget)."""
         book = self.book
-        members = conf.members()
+        # (A member replaying its log applies old configurations again: a peer the
+        # configuration in use names is no departed one.)
+        members = conf.members() | self._cores[gid].conf.members()
         held = {p for g, p in (*book.probation, *book.cleared) if g == gid}
         for peer in (held | set(book.identities)) - members - {self.node_id}:
             elsewhere = any(peer in c.members() for g, c in self._confs.items() if g != gid)
@@ -1443,7 +1445,7 @@ class RaftHost:
 
     def _seen(self, peer: str, identity: str) -> None:
         """A payload from `peer` with another store identity than the one recorded."""
-        shared = self._shared[peer]
+        shared = self._shared.get(peer, [])
         known = self.book.identities.get(peer)
         # Probation discounts votes and acknowledgements: only where the peer votes (a
         # learner is promoted only once caught up again, from the progress forgotten).
@@ -1452,6 +1454,10 @@ class RaftHost:
         }
         learning = [g for g in shared if peer in self._cores[g].conf.learners]
         replaced = self.book.see(peer, identity, voting, learning)
+        for gid in learning:  # cleared: as leader, it reports the store to the others
+            core = self._cores[gid]
+            if core.role is Role.LEADER:
+                self._reporting[gid] = (core.term, self._ticked + self.report_ticks)
         if known is not None:
             for gid in shared:
                 self._cores[gid].forget_progress(peer)
@@ -1506,7 +1512,7 @@ class RaftHost:
         with that member's matched index in this term."""
         out: list[bytes] = []
         book = self.book
-        for gid in self._shared[pid]:
+        for gid in self._shared.get(pid, ()):
             reporting = self._reporting.get(gid)
             if reporting is None:
                 continue

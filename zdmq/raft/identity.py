@@ -257,10 +257,11 @@ class PeerBook:
         `learning` names those where it is a learner. Returns the groups in which the
         peer was put on probation now (empty unless its store was replaced).
 
-        A learner's replaced store is cleared at once where it learns: its
-        acknowledgements never counted, and it is caught up from scratch before it may be
-        promoted; so a leader that saw it reports it, and members that see it only after
-        its promotion lift their probation on that report."""
+        A learner's store, first seen or replaced, is cleared at once where it learns:
+        its acknowledgements never counted, and it is caught up from scratch before it
+        may be promoted; so a leader that saw it reports it, and members that see it only
+        after its promotion (followers hear a peer only when it stands for election) lift
+        their probation on that report."""
         known = self.identities.get(peer)
         if known == identity:
             return []
@@ -269,13 +270,13 @@ class PeerBook:
         self.departed.pop(peer, None)
         self.identities[peer] = identity
         self._dirty_ids.add(peer)
-        if known is None:
-            return []
         for gid in learning:
             self.probation.pop((gid, peer), None)
             self.cleared[(gid, peer)] = identity
             self._dirty_prob.add((gid, peer))
             self._dirty_clear.add((gid, peer))
+        if known is None:
+            return []
         for gid, commit in commits.items():
             self.probation[(gid, peer)] = commit
             self._dirty_prob.add((gid, peer))

@@ -552,8 +552,11 @@ class _Sim:
     def _forget_departed(self, n: _Node, conf: Conf) -> None:
         """`n` applied `conf` (committed): the peers it leaves out left the group, and
         their probations there go (`PeerBook.forget`, as the host does)."""
+        # (A member replaying its log applies old configurations again: a peer the
+        # configuration in use names is no departed one.)
+        current = n.core.conf.members() if n.core is not None else frozenset()
         for peer in self.ids:
-            if peer not in conf.members() and peer != n.id:
+            if peer not in conf.members() | current and peer != n.id:
                 n.book.forget(GROUP, peer, last=True)  # the one group it shares
         if n.core is not None and self.cfg.identity_rule:
             n.core.probation = n.book.on_probation(GROUP, self.ids)
