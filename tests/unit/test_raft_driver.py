@@ -3,11 +3,11 @@
 Most tests connect the hosts with an in-process transport that still carries every
 payload through `encode_messages` / `receive`; a test's `net` drops what crosses a
 partition or goes to a stopped node (the send raises, as a refused connection does).
-The HTTP tests serve the real `/v1/internal/raft` route (zdmq/server/app.py, behind its
-node-credential check) on zdmq's own server on 127.0.0.1 ephemeral ports and send with
-`http_sender` over a signing `HttpPool`. Groups follow the placement: with N nodes there
-are N groups, group `nK` holds the replication-3 window starting at node `nK`, which is
-its preferred leader.
+The HTTP tests serve the real `/v1/internal/raft` route (zdmq/server/routes/internal.py,
+behind app.py's node-credential check) on zdmq's own server on 127.0.0.1 ephemeral ports
+and send with `http_sender` over a signing `HttpPool`. Groups follow the placement: with N
+nodes there are N groups, group `nK` holds the replication-3 window starting at node `nK`,
+which is its preferred leader.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The node service: ZDMQ's protocol over the node state, storage and peer calls.
 
 `Node` decides; `NodeState` (pure) holds; storage makes each change durable before the
-reply; peers are other nodes reached over HTTP. The HTTP app (`app.py`) only parses
-requests and calls these methods.
+reply; peers are other nodes reached over HTTP. The HTTP routes (`app.py`, `routes/`) only
+parse requests and call these methods.
 
 Registration invariant (why no message is ever stranded): a node registers with a
 queue's metadata owner *before* it stores the first message of its UUID queue, and
