@@ -34,15 +34,14 @@ from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, Forbidden, Unauthorized
 from zdmq.logs import RateLimitedLog
 from zdmq.raft.driver import RAFT_PATH
-from zdmq.server import membership
 from zdmq.server import status as cluster_status
 from zdmq.server.backup import BackupCopies
 from zdmq.server.http import App, Request, Response, json_response
-from zdmq.server.membership import MEMBER, NODE
 from zdmq.server.metrics import NodeMetrics
 from zdmq.server.node import FORWARDED_HEADER, Node, node_pool
 from zdmq.server.relay import Relay
 from zdmq.server.replicas import Member
+from zdmq.server.routes import membership
 from zdmq.server.routes.common import (
     ADMIN,
     ANY_CLIENT,
@@ -50,8 +49,10 @@ from zdmq.server.routes.common import (
     CLIENTS,
     CLUSTER_ADMIN,
     CONFIG,
+    MEMBER,
     METRICS,
     METRICS_ENV,
+    NODE,
     NODE_ONLY,
     OPEN,
     READ,

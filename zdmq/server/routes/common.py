@@ -16,11 +16,13 @@ from zdmq.errors import BadRequest, Misrouted
 from zdmq.models import BATCH_CONTENT_TYPE, validate_queue_name
 from zdmq.routing import GROUP_HEADER
 from zdmq.server.http import Request, Response, json_response
-from zdmq.server.membership import MEMBER, NODE
 from zdmq.server.node import FORWARDED_HEADER, Node
 from zdmq.server.replicas import Member
 
-# What make_app keeps in the app for the handlers (NODE and MEMBER: membership.py).
+# What make_app keeps in the app for the handlers: the node process's own `Node` and,
+# with replication, its `Member`, and the rest.
+NODE = "node"
+MEMBER = "member"
 BACKUPS = "backups"
 CONFIG = "config"
 CLIENTS = "clients"

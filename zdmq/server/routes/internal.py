@@ -14,7 +14,6 @@ from zdmq.errors import BadRequest, Misrouted, RouteNotFound, ZdmqError
 from zdmq.models import validate_message_id, validate_queue_name
 from zdmq.raft.driver import RAFT_CONTENT_TYPE
 from zdmq.server.http import Request, Response
-from zdmq.server.membership import MEMBER, NODE
 from zdmq.server.node import Node
 from zdmq.server.replicas import (
     SNAPSHOT_INDEX_HEADER,
@@ -22,7 +21,16 @@ from zdmq.server.replicas import (
     SNAPSHOT_TERM_HEADER,
     Member,
 )
-from zdmq.server.routes.common import CONFIG, _int_param, _json, _json_body, _node, _queue
+from zdmq.server.routes.common import (
+    CONFIG,
+    MEMBER,
+    NODE,
+    _int_param,
+    _json,
+    _json_body,
+    _node,
+    _queue,
+)
 
 
 def _owner_only(node: Node, queue: str) -> None:

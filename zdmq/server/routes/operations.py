@@ -12,7 +12,6 @@ from zdmq.errors import BadRequest, RouteNotFound
 from zdmq.server import status as cluster_status
 from zdmq.server.backup import BACKUP_COPY_HEADER
 from zdmq.server.http import Request, Response
-from zdmq.server.membership import MEMBER, NODE
 from zdmq.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from zdmq.server.metrics import NodeMetrics
 from zdmq.server.node import Node
@@ -25,8 +24,10 @@ from zdmq.server.replicas import (
 from zdmq.server.routes.common import (
     BACKUPS,
     CONFIG,
+    MEMBER,
     METRICS,
     METRICS_ENV,
+    NODE,
     SAMPLER,
     STATUS_POOL,
     _int_param,

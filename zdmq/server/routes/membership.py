@@ -12,26 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from zdmq.errors import BadRequest, RouteNotFound
 from zdmq.raft.core import Conf, ConfChange
-from zdmq.server.http import Request, Response, json_response
+from zdmq.server.http import Request, Response
 from zdmq.server.replicas import Member
+from zdmq.server.routes.common import MEMBER, NODE, _json, _json_body
 
 __all__ = [
-    "MEMBER",
-    "NODE",
     "change_group",
     "conf_of_group",
     "join_group",
     "leave_group",
     "transfer_group",
 ]
-
-# The app's keys for the node process's own `Node` and, with replication, its `Member`.
-NODE = "node"
-MEMBER = "member"
 
 _CHANGES = frozenset({"add_learner", "promote", "remove"})
 
@@ -51,10 +44,7 @@ def _group(request: Request, member: Member) -> str:
 
 
 async def _object(request: Request) -> dict[str, Any]:
-    try:
-        body = orjson.loads(await request.read() or b"null")
-    except orjson.JSONDecodeError as e:
-        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    body = await _json_body(request)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
@@ -77,7 +67,7 @@ def _conf_reply(member: Member, group: str) -> Response:
     host = member.raft
     assert host is not None
     leader, term = host.leader(group)
-    return json_response(
+    return _json(
         {
             "group": group,
             "conf": host.conf(group).to_dict(),
