@@ -122,7 +122,6 @@ import msgpack
 from zdmq import _http
 from zdmq.errors import BadRequest, NodeUnavailable
 from zdmq.raft.core import (
-    CONF_PREFIX,
     SENT_BEFORE_PERSIST,
     Conf,
     ConfChange,
@@ -701,11 +700,15 @@ class RaftHost:
         for p in members - {self.node_id}:
             if p not in self._peers:
                 self._peers[p] = _Peer()
-        self._shared = {p: [g for g, ms in self.members.items() if p in ms] for p in self._peers}
+        self._reshare()
         core.probation = self.book.on_probation(gid, self.members[gid])
         given = self._preferred_given
         pref = given.get(gid) if given is not None else gid
         self.preferred[gid] = pref if pref in conf.voters else None
+
+    def _reshare(self) -> None:
+        """Recomputes, for each peer, the groups this node shares with it."""
+        self._shared = {p: [g for g, ms in self.members.items() if p in ms] for p in self._peers}
 
     def add_group(self, gid: str, conf: Conf) -> None:
         """Starts driving a group this node was added to (as a learner, usually): its
@@ -767,7 +770,7 @@ class RaftHost:
         self._pulled.pop(gid, None)
         self._inbox = deque(item for item in self._inbox if item[0] != gid)
         self.store.drop_group(gid)
-        self._shared = {p: [g for g, ms in self.members.items() if p in ms] for p in self._peers}
+        self._reshare()
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -1697,9 +1700,8 @@ class RaftHost:
             # (A configuration entry goes to it too: it records the configuration.)
             result = apply(gid, e)
             self.counters["applied"] += 1
-            if e.data is not None and e.data.startswith(CONF_PREFIX):
-                conf = Conf.decode(e.data)
-                assert conf is not None
+            conf = Conf.decode(e.data)
+            if conf is not None:
                 self._forget_departed(gid, conf)
             if waiter is None:
                 continue
