@@ -604,6 +604,9 @@ async def test_a_member_is_replaced_through_the_log_and_the_group_serves_through
         c.hosts["n3"].add_group("n0", lead.conf("n0"))
         await until(lambda: c.datas("n3", "n0") == [b"before"], "n3 caught up")
         assert not c.hosts["n3"].conf("n0").voters & {"n3"}
+        # The leader promotes n3 once it has heard that n3's log reaches the commit index.
+        core = lead._cores["n0"]
+        await until(lambda: core.progress["n3"].match >= core.log.committed, "n3's ack heard")
         await lead.propose_conf("n0", ConfChange("promote", "n3"))
         with pytest.raises(ConfChangeRefused, match="member already"):
             await lead.propose_conf("n0", ConfChange("add_learner", "n3"))
