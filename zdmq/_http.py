@@ -47,6 +47,7 @@ __all__ = [
     "dumps",
     "error_of",
     "loads",
+    "reply_epoch",
     "send",
     "take",
 ]
@@ -782,7 +783,15 @@ def error_of(reply: Reply) -> ZdmqError:
         payload = loads(reply.body) if reply.body else None
     except orjson.JSONDecodeError:
         payload = None
-    return from_wire(reply.status, payload)
+    err = from_wire(reply.status, payload)
+    err.epoch = reply_epoch(reply)
+    return err
+
+
+def reply_epoch(reply: Reply) -> int | None:
+    """The cluster map epoch a node's reply names (`zdmq-epoch`), if any."""
+    value = reply.headers.get("zdmq-epoch")
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def _split_query(query: str) -> Iterator[tuple[str, str]]:

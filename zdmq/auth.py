@@ -29,7 +29,7 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from pathlib import Path
 
 from zdmq.config import ClientToken, ClusterConfig
@@ -162,9 +162,11 @@ class NodeVerifier:
 
     __slots__ = ("_key", "_nodes")
 
-    def __init__(self, secret: bytes, node_ids: tuple[str, ...]) -> None:
+    def __init__(self, secret: bytes, node_ids: Container[str]) -> None:
+        """`node_ids`: the nodes whose calls it takes (a container the caller may change
+        as nodes join)."""
         self._key = secret
-        self._nodes = frozenset(node_ids)
+        self._nodes = node_ids
 
     def verify(self, value: str, method: str, target: str, body: bytes) -> str:
         node_id, _, rest = value.partition(":")

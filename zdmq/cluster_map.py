@@ -26,16 +26,20 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from zdmq.errors import ZdmqError
 from zdmq.hashing import partition_of
 
-__all__ = ["ClusterMap", "MapError", "Step", "apply_plan", "apply_step"]
+if TYPE_CHECKING:
+    from zdmq.config import ClusterConfig
+
+__all__ = ["ClusterMap", "MapError", "Step", "apply_plan", "apply_step", "initial_map"]
 
 # Node and group ids: the names cluster.yaml takes for node ids (zdmq/config.py).
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _FIELDS = ("epoch", "partitions", "replication", "nodes", "groups")
+_OPTIONAL = ("leaving",)
 
 
 class MapError(ZdmqError, ValueError):
@@ -81,13 +85,15 @@ class ClusterMap:
     """One epoch of the cluster's layout. `nodes` maps node id to "host:port" in the
     cluster's order; `groups` are the group ids in partition-table order; `members(g)` are
     g's voters, the preferred leader first; `learners(g)` are members catching up that do
-    not vote (empty but while a move is under way)."""
+    not vote (empty but while a move is under way); `leaving` are nodes being drained
+    (their replicas move off, then they leave the map)."""
 
     __slots__ = (
         "_learners",
         "_members",
         "epoch",
         "groups",
+        "leaving",
         "nodes",
         "partitions",
         "replication",
@@ -97,6 +103,7 @@ class ClusterMap:
     replication: int
     nodes: Mapping[str, str]
     groups: tuple[str, ...]
+    leaving: tuple[str, ...]
     _members: dict[str, tuple[str, ...]]
     _learners: dict[str, tuple[str, ...]]  # only the groups that have some
 
@@ -109,6 +116,7 @@ class ClusterMap:
         nodes: Mapping[str, str],
         members: Mapping[str, Sequence[str]],
         learners: Mapping[str, Sequence[str]] | None = None,
+        leaving: Sequence[str] = (),
     ) -> None:
         _check_int("epoch", epoch, 1)
         _check_int("partitions", partitions, 1)
@@ -138,6 +146,11 @@ class ClusterMap:
         for g, voters in members.items():
             _check_id(f"group {g!r}", g)
             _check_group(g, tuple(voters), tuple(learners.get(g, ())), nodes, replication)
+        for node in leaving:
+            if node not in nodes:
+                raise MapError(f"leaving: {node!r} is not a node of the map")
+        if len(set(leaving)) != len(leaving):
+            raise MapError("leaving: a node is named twice")
         self._init(
             epoch,
             partitions,
@@ -145,6 +158,7 @@ class ClusterMap:
             dict(nodes),
             {g: tuple(v) for g, v in members.items()},
             {g: tuple(v) for g, v in learners.items() if v},
+            tuple(leaving),
         )
 
     def _init(
@@ -155,6 +169,7 @@ class ClusterMap:
         nodes: dict[str, str],
         members: dict[str, tuple[str, ...]],
         learners: dict[str, tuple[str, ...]],
+        leaving: tuple[str, ...] = (),
     ) -> None:
         set_ = object.__setattr__
         set_(self, "epoch", epoch)
@@ -164,6 +179,7 @@ class ClusterMap:
         set_(self, "groups", tuple(members))
         set_(self, "_members", members)
         set_(self, "_learners", learners)
+        set_(self, "leaving", leaving)
 
     def _derive(
         self,
@@ -172,6 +188,7 @@ class ClusterMap:
         nodes: dict[str, str] | None = None,
         members: dict[str, tuple[str, ...]] | None = None,
         learners: dict[str, tuple[str, ...]] | None = None,
+        leaving: tuple[str, ...] | None = None,
     ) -> ClusterMap:
         """A map `changes` epochs on, from parts its caller has already checked (the
         rest of this map is whole, so only what changed needs checking)."""
@@ -183,6 +200,7 @@ class ClusterMap:
             dict(self.nodes) if nodes is None else nodes,
             self._members if members is None else members,
             self._learners if learners is None else learners,
+            self.leaving if leaving is None else leaving,
         )
         return new
 
@@ -202,6 +220,7 @@ class ClusterMap:
             and list(self.nodes.items()) == list(other.nodes.items())
             and list(self._members.items()) == list(other._members.items())
             and self._learners == other._learners
+            and self.leaving == other.leaving
         )
 
     __hash__ = None  # type: ignore[assignment]  # equal by value, but large: not a key
@@ -334,7 +353,21 @@ class ClusterMap:
                 f"node {node!r} still holds replicas (of {', '.join(held) or 'learners'}...): "
                 "move them before removing it"
             )
-        return self._derive(nodes={n: a for n, a in self.nodes.items() if n != node})
+        return self._derive(
+            nodes={n: a for n, a in self.nodes.items() if n != node},
+            leaving=tuple(n for n in self.leaving if n != node),
+        )
+
+    def with_leaving(self, node: str) -> ClusterMap:
+        """The map with `node` marked leaving: plans move its replicas off (`staying`)."""
+        self._known(node)
+        if node in self.leaving:
+            raise MapError(f"node {node!r} is already leaving")
+        return self._derive(leaving=(*self.leaving, node))
+
+    def staying(self) -> list[str]:
+        """The nodes that are not leaving, in map order: where replicas belong."""
+        return [n for n in self.nodes if n not in self.leaving]
 
     def with_address(self, node: str, address: str) -> ClusterMap:
         """The map with `node` listening on a new address (the same host, moved)."""
@@ -376,7 +409,7 @@ class ClusterMap:
                 | ({"learners": list(self._learners[g])} if g in self._learners else {})
                 for g, v in self._members.items()
             ],
-        }
+        } | ({"leaving": list(self.leaving)} if self.leaving else {})
 
     @classmethod
     def from_dict(cls, raw: Any) -> ClusterMap:
@@ -385,8 +418,8 @@ class ClusterMap:
         if not isinstance(raw, Mapping):
             raise MapError("map: expected a mapping")
         for key in raw:
-            if key not in _FIELDS:
-                raise MapError(f"{key}: unknown field (known: {', '.join(_FIELDS)})")
+            if key not in _FIELDS + _OPTIONAL:
+                raise MapError(f"{key}: unknown field (known: {', '.join(_FIELDS + _OPTIONAL)})")
         for key in _FIELDS:
             if key not in raw:
                 raise MapError(f"{key}: missing")
@@ -423,7 +456,18 @@ class ClusterMap:
             nodes=nodes,
             members=members,
             learners=learners,
+            leaving=_node_list("leaving", raw.get("leaving", [])),
         )
+
+
+def initial_map(config: ClusterConfig) -> ClusterMap:
+    """The map a cluster starts with: cluster.yaml's nodes in its order, its groups."""
+    return ClusterMap.initial(
+        [(n.id, f"{n.host}:{n.port}") for n in config.nodes],
+        config.partitions,
+        min(config.replication, len(config.nodes)),
+        config.groups,
+    )
 
 
 # ---- steps ------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ __all__ = [
     "InvalidAttributes",
     "InvalidMessage",
     "InvalidQueueName",
+    "MapConflict",
     "MessageIdConflict",
     "MessageLeased",
     "MessageNotFound",
@@ -82,6 +83,9 @@ class ZdmqError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "error"
     retriable: ClassVar[bool] = False
+    #: The epoch of the cluster map the reply was served under (its `zdmq-epoch`
+    #: header), on an error read off a node's reply.
+    epoch: int | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -211,6 +215,14 @@ class FifoConflict(ZdmqError):
 
     status = 409
     code = "fifo_conflict"
+
+
+class MapConflict(ZdmqError):
+    """A change of the cluster map made from a map that another change replaced
+    meanwhile: read the map again (`GET /v1/cluster`) and retry."""
+
+    status = 409
+    code = "map_conflict"
 
 
 class MessageTooLarge(ZdmqError):

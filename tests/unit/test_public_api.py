@@ -23,6 +23,7 @@ PUBLIC = {
     "InvalidAttributes",
     "InvalidMessage",
     "InvalidQueueName",
+    "MapConflict",
     "Limits",
     "Message",
     "MessageIdConflict",

@@ -19,6 +19,7 @@ call is counted per operation in `Client.calls` for tests and benchmarks.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import ssl
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from zdmq import _http
 from zdmq.auth import TOKEN_ENV, bearer_headers
 from zdmq.backup import GroupBackup, fetch_backup
+from zdmq.cluster_map import initial_map
 from zdmq.config import ClusterConfig
 from zdmq.errors import InternalError, NodeUnavailable, ZdmqError
 from zdmq.hashing import Placement
@@ -70,6 +72,8 @@ from zdmq.models import (
     validate_queue_name,
 )
 from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from zdmq.client.consumer import Consumer, Handler
@@ -137,6 +141,10 @@ class Client:
         self._urls: dict[str, str] = {}
         self._placement: Placement | None = None
         self._router: GroupRouter | None = None
+        # The cluster map's epoch this client routes by; a reply naming a newer one has
+        # the client fetch the map again (`_follow`), one fetch at a time.
+        self._epoch = 0
+        self._refetch: asyncio.Future[None] | None = None
         self._max_batch = 1000
         self._max_request_bytes = 16 << 20
         self._meta: dict[str, tuple[float, list[str]]] = {}
@@ -171,7 +179,10 @@ class Client:
         try:
             if self._config is not None:
                 c = self._config
-                self._layout([(n.id, n.url) for n in c.nodes], c.partitions, c.replication)
+                initial = initial_map(c).to_dict()
+                for n, node in zip(initial["nodes"], c.nodes, strict=True):
+                    n["url"] = node.url
+                self._layout(initial)
                 self._max_batch = c.limits.max_batch_messages
                 self._max_request_bytes = c.limits.max_request_bytes
             else:
@@ -185,11 +196,27 @@ class Client:
             session, self._session = self._session, None
             await session.close()
 
-    def _layout(self, nodes: list[tuple[str, str]], partitions: int, replication: int) -> None:
-        self._urls = {node_id: url.rstrip("/") for node_id, url in nodes}
-        self._placement = Placement([n for n, _ in nodes], partitions, replication)
-        ids = [n for n, _ in nodes]
-        self._router = GroupRouter(group_members(ids, replication)) if replication > 1 else None
+    def _layout(self, info: Mapping[str, Any]) -> None:
+        """Routes by the cluster map `info` (`GET /v1/cluster`'s form): a key's group is
+        fixed, the nodes that lead it and where they listen follow the map."""
+        nodes = info["nodes"]
+        partitions, replication = int(info["partitions"]), int(info["replication"])
+        # A node that left keeps its URL: a call under way may still reach it.
+        self._urls = {**self._urls, **{n["id"]: n["url"].rstrip("/") for n in nodes}}
+        groups = info.get("groups")
+        if groups is None:  # a node that predates the map: one group per node, its ring
+            ids = [n["id"] for n in nodes]
+            members = dict(group_members(ids, replication))
+        else:
+            members = {g["id"]: (*g["members"], *g.get("learners", ())) for g in groups}
+        self._placement = Placement(list(members), partitions, replication)
+        if replication > 1:
+            if self._router is None:
+                self._router = GroupRouter(members, nodes=self._urls)
+            else:  # what it learned of leaders stays
+                self._router.members = members
+                self._router.nodes = frozenset(self._urls)
+        self._epoch = int(info.get("epoch", 0))
 
     async def _discover(self) -> None:
         assert self._session is not None
@@ -206,14 +233,37 @@ class Client:
 
     def _learn(self, info: Any) -> None:
         """Takes the layout and limits of a `/v1/cluster` reply."""
-        self._layout(
-            [(n["id"], n["url"]) for n in info["nodes"]],
-            int(info["partitions"]),
-            int(info["replication"]),
-        )
+        self._layout(info)
         limits = info.get("limits", {})
         self._max_batch = int(limits.get("max_batch_messages", self._max_batch))
         self._max_request_bytes = int(limits.get("max_request_bytes", self._max_request_bytes))
+
+    async def _follow(self, epoch: int | None) -> None:
+        """A node replied under the map of `epoch`: if that is newer than this client's,
+        fetches the map (from that node's cluster, any node) before going on."""
+        if epoch is None or epoch <= self._epoch or self._session is None:
+            return
+        if self._refetch is None or self._refetch.done():
+            self._refetch = asyncio.ensure_future(self._fetch_map(epoch))
+        await asyncio.shield(self._refetch)
+
+    async def _fetch_map(self, epoch: int) -> None:
+        assert self._session is not None
+        for url in list(dict.fromkeys(self._urls.values())):
+            try:
+                reply = await _http.call(self._session, "GET", url + "/v1/cluster")
+                info = reply.json()
+            except (ZdmqError, ValueError):
+                continue
+            if int(info.get("epoch", 0)) >= epoch:
+                self._learn(info)
+                return
+        log.warning("no node gave the cluster map of epoch %d; routing by %d", epoch, self._epoch)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the cluster map this client routes by."""
+        return self._epoch
 
     @property
     def placement(self) -> Placement:
@@ -238,15 +288,26 @@ class Client:
         router = self._router
         if router is None:
             stats.calls += 1
-            return await _http.call(session, method, self._urls[node_id] + path, **kw)
+            return await self._sent(_http.call(session, method, self._urls[node_id] + path, **kw))
         headers = {**(kw.pop("headers", None) or {}), GROUP_HEADER: node_id}
-        urls = self._urls
 
         def send(target: str) -> Awaitable[_http.Reply]:
             stats.calls += 1
-            return _http.call(session, method, urls[target] + path, headers=headers, **kw)
+            call = _http.call(session, method, self._urls[target] + path, headers=headers, **kw)
+            return self._sent(call)
 
         return await router.call(node_id, send, once=once)
+
+    async def _sent(self, call: Awaitable[_http.Reply]) -> _http.Reply:
+        """`call`'s reply; a reply (or an error) served under a newer cluster map has
+        the client take that map first, so a retry routes by it."""
+        try:
+            reply = await call
+        except ZdmqError as e:
+            await self._follow(e.epoch)
+            raise
+        await self._follow(_http.reply_epoch(reply))
+        return reply
 
     def _begin(self, op: str) -> None:
         self.calls[op].ops += 1
@@ -347,7 +408,7 @@ class Client:
         owner = self.placement.owner(queue)
         reply = await self._call(op, owner, "GET", f"/v1/queues/{queue}/metadata")
         listed = _read(op, owner, reply, lambda j: [str(e["node"]) for e in j["nodes"]])
-        nodes = [n for n in listed if n in self._urls]
+        nodes = [n for n in listed if n in self.placement.nodes]
         # The cache keeps its own list: pops prune it as nodes turn out empty.
         self._meta[queue] = (time.monotonic(), list(nodes))
         return nodes
@@ -739,7 +800,7 @@ class Client:
 
         p = self.placement
         layout = {
-            "nodes": [{"id": n, "url": self._urls[n]} for n in p.nodes],
+            "nodes": [{"id": n, "url": self._urls.get(n, "")} for n in p.nodes],
             "partitions": p.partitions,
             "replication": p.replication,
         }

@@ -552,7 +552,7 @@ class RaftHost:
         confs = confs or {}
         self.members: dict[str, tuple[str, ...]] = {}
         self.preferred: dict[str, str | None] = {}
-        self._preferred_given = preferred
+        self._preferred_given = dict(preferred) if preferred is not None else None
         self._cores: dict[str, RaftCore] = {}
         self._logs: dict[str, GroupLog] = {}
         # The configuration each core was last seen using (see `_sync_members`).
@@ -705,6 +705,15 @@ class RaftHost:
         given = self._preferred_given
         pref = given.get(gid) if given is not None else gid
         self.preferred[gid] = pref if pref in conf.voters else None
+
+    def set_preferred(self, gid: str, node: str) -> None:
+        """`node` is now group `gid`'s preferred leader (the cluster map changed)."""
+        if self._preferred_given is None:
+            self._preferred_given = {}
+        self._preferred_given[gid] = node
+        conf = self._confs.get(gid)
+        if conf is not None:
+            self.preferred[gid] = node if node in conf.voters else None
 
     def _reshare(self) -> None:
         """Recomputes, for each peer, the groups this node shares with it."""

@@ -30,6 +30,7 @@ from zdmq.auth import (
     require,
     rights_on,
 )
+from zdmq.cluster_map import ClusterMap
 from zdmq.config import ClusterConfig
 from zdmq.errors import BadRequest, Forbidden, Unauthorized
 from zdmq.logs import RateLimitedLog
@@ -58,6 +59,7 @@ from zdmq.server.routes.common import (
     READ,
     SAMPLER,
     STATUS_POOL,
+    TOPOLOGY,
     WRITE,
 )
 from zdmq.server.routes.internal import (
@@ -112,6 +114,7 @@ from zdmq.server.routes.topics import (
     unsubscribe,
 )
 from zdmq.server.storage import open_storage
+from zdmq.server.topology import EPOCH_HEADER, Topology
 
 __all__ = ["HAND_OVER", "NODE", "make_app"]
 
@@ -232,25 +235,37 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
     clients = (
         ClientGuard(config.auth.client_tokens) if config.auth.client_tokens is not None else None
     )
-    nodes = NodeVerifier(secret, config.node_ids)
     app = App(max_body=config.limits.max_request_bytes)
+    # The cluster map this node routes by (topology.py): every reply names its epoch.
+    topology = Topology(config, config.node_data_dir(node_id))
+    app[TOPOLOGY] = topology
+
+    def epoch_header(m: ClusterMap) -> None:
+        app.reply_head = b"%s: %d\r\n" % (EPOCH_HEADER.encode(), m.epoch)
+
+    epoch_header(topology.map)
+    topology.on_change(epoch_header)
+    # Another node is one the map names (or named): a node added since is known once
+    # this node has its map.
+    nodes = NodeVerifier(secret, topology.urls)
     app[CONFIG] = config
     app[CLIENTS] = clients
     tasks: list[asyncio.Task[None]] = []
     member: Member | None = None
     if config.replication > 1:
         # Replica groups (replicas.py): a Node per group this node is a member of.
-        member = Member(config, node_id, secret)
+        member = Member(config, node_id, secret, topology)
         # A Raft payload carries entries up to a whole request each.
         app.max_body_of[RAFT_PATH] = member.max_payload_bytes
         served = list(member.nodes.values())
-        app[NODE] = member.nodes[node_id]
+        app[NODE] = member.nodes.get(node_id) or next(iter(served), None)
     else:
         node = Node(
             config,
             node_id,
             open_storage(config.durability, config.node_data_dir(node_id)),
             secret=secret,
+            topology=topology,
         )
         served = [node]
         app[NODE] = node

@@ -200,6 +200,8 @@ class App:
         self.observe: Callable[[str, str, int, float], None] | None = None
         #: Called as the server starts, with a function that counts its open connections.
         self.on_serving: Callable[[Callable[[], int]], None] | None = None
+        #: Header lines (encoded, each ending in CRLF) every reply carries.
+        self.reply_head = b""
 
     def __getitem__(self, key: str) -> Any:
         return self._state[key]
@@ -638,7 +640,7 @@ class _HttpProtocol(asyncio.Protocol):
         line = _STATUS_LINES.get(status)
         if line is None:
             line = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode())
-        head = line + _Date.get()
+        head = line + _Date.get() + self.app.reply_head
         if resp.headers:
             head += _header_lines(resp.headers)
         body = resp.body

@@ -90,6 +90,7 @@ from zdmq.server.state import (
     Unsubscribe,
 )
 from zdmq.server.storage import Storage
+from zdmq.server.topology import Topology
 
 if TYPE_CHECKING:
     from zdmq.server.metrics import NodeMetrics
@@ -259,6 +260,7 @@ class Node:
         *,
         secret: bytes | None = None,
         member: Member | None = None,
+        topology: Topology | None = None,
     ) -> None:
         self.config = config
         # With replication, the replica groups of this process (replicas.py): this Node is
@@ -268,9 +270,12 @@ class Node:
         # The cluster's node secret: it signs every call this node makes to another.
         self.secret = secret if secret is not None else node_secret(config)
         self.id = node_id
-        self.me = config.node(node_id)
-        self.placement = Placement(config.node_ids, config.partitions, config.replication)
-        self.urls = {n.id: n.url for n in config.nodes}
+        # The cluster map (zdmq/server/topology.py): its groups are fixed, so is where
+        # every key lives; the URLs of the nodes follow the map.
+        self.topology = topology if topology is not None else Topology(config)
+        self.group_ids = self.topology.map.groups
+        self.placement = Placement(self.group_ids, config.partitions, config.replication)
+        self.urls = self.topology.urls
         self.storage = storage
         self.state: NodeState = NodeState()
         self._locks = QueueLocks()
@@ -457,7 +462,7 @@ class Node:
         # Every node may hold messages or a stale registration: tell them all. A node that
         # is down purges on restart, when its repair sweep learns the queue is gone.
         await asyncio.gather(
-            *(self._purge_on(n, queue) for n in self.config.node_ids), return_exceptions=True
+            *(self._purge_on(n, queue) for n in self.group_ids), return_exceptions=True
         )
 
     async def _purge_on(self, node_id: str, queue: str) -> None:
@@ -617,7 +622,7 @@ class Node:
         (its pending copies) on every node; the queue stays. Returns how many messages
         were purged and the nodes that did not answer (they keep theirs)."""
         await self.execute(Meta((Unsubscribe(topic, queue),)))
-        ids = self.config.node_ids
+        ids = self.group_ids
 
         async def purge_on(node_id: str) -> int:
             if node_id == self.id:
@@ -647,7 +652,7 @@ class Node:
             reply = await self.peer_call(node_id, "GET", "/v1/internal/owned-topics")
             return list(reply.json()["topics"])
 
-        results = await asyncio.gather(*(owned_by(n) for n in self.config.node_ids))
+        results = await asyncio.gather(*(owned_by(n) for n in self.group_ids))
         return sorted(t for ts in results for t in ts)
 
     # ---- long polling (metadata owner side) ------------------------------------------
@@ -1307,7 +1312,7 @@ class Node:
             reply = await self.peer_call(node_id, "GET", f"/v1/internal/queues/{queue}/depth")
             return {k: int(v) for k, v in reply.json().items()}
 
-        ids = self.config.node_ids
+        ids = self.group_ids
         results = await asyncio.gather(*(depth_on(n) for n in ids), return_exceptions=True)
         depth: dict[str, int] = {}
         totals: defaultdict[str, int] = defaultdict(int)
@@ -1341,7 +1346,7 @@ class Node:
             reply = await self.peer_call(node_id, "GET", "/v1/internal/owned-queues")
             return list(reply.json()["queues"])
 
-        results = await asyncio.gather(*(owned_by(n) for n in self.config.node_ids))
+        results = await asyncio.gather(*(owned_by(n) for n in self.group_ids))
         return sorted(q for qs in results for q in qs)
 
     # ---- repair sweep -------------------------------------------------------------

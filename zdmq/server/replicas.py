@@ -41,28 +41,39 @@ log there before the host runs.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
 import re
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
 from zdmq.backup import check_state_copy, read_chunk, state_conf, sync_dir
+from zdmq.cluster_map import ClusterMap
 from zdmq.config import ClusterConfig
-from zdmq.errors import BadRequest, NodeUnavailable, NotLeader, RouteNotFound, StorageFailed
+from zdmq.errors import (
+    BadRequest,
+    MapConflict,
+    NodeUnavailable,
+    NotLeader,
+    RouteNotFound,
+    StorageFailed,
+    ZdmqError,
+)
 from zdmq.raft.core import Conf, ConfChange, ConfChangeRefused
 from zdmq.raft.core import NotCommitted as RaftNotCommitted
 from zdmq.raft.core import NotLeader as RaftNotLeader
 from zdmq.raft.driver import PulledSnapshot, RaftHost, http_sender
 from zdmq.raft.sqlite_storage import RaftLogStore
 from zdmq.raft.storage import Entry, SnapshotMeta, holds_entry
-from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
+from zdmq.routing import GROUP_HEADER, GroupRouter
 from zdmq.server.machine import Command, apply_command, decode_command, encode_command
 from zdmq.server.storage import open_storage
+from zdmq.server.topology import MAP_PREFIX, MapEntry, Topology
 
 if TYPE_CHECKING:
     from zdmq.server.node import Node
@@ -103,27 +114,53 @@ class SnapshotChunk:
         self.index, self.term, self.size, self.offset, self.data = index, term, size, offset, data
 
 
-def voters_in_order(group: str, conf: Conf) -> tuple[str, ...]:
-    """`group`'s voters as callers try them: its preferred leader (the node named as the
-    group, while it votes) first, then the others in order."""
-    rest = sorted(conf.voters - {group})
-    return (group, *rest) if group in conf.voters else tuple(rest)
+def voters_in_order(conf: Conf, order: Sequence[str]) -> tuple[str, ...]:
+    """A group's voters as callers try them: in the map's `order` (its preferred leader
+    first), then any the map does not name yet, sorted."""
+    known = tuple(n for n in order if n in conf.voters)
+    return known + tuple(sorted(conf.voters - set(known)))
+
+
+def held_groups(data_dir: Path) -> list[str]:
+    """The groups whose state files a node's data directory holds."""
+    if not data_dir.is_dir():
+        return []
+    names = (p.name for p in data_dir.glob("group-*.sqlite3"))
+    return sorted(n[len("group-") : -len(".sqlite3")] for n in names)
 
 
 class Member:
     """The replica groups one node process takes part in."""
 
-    def __init__(self, config: ClusterConfig, node_id: str, secret: bytes) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        node_id: str,
+        secret: bytes,
+        topology: Topology | None = None,
+    ) -> None:
         from zdmq.server.node import Node, node_pool  # node.py imports this module
 
         self.config = config
         self.id = node_id
         self.secret = secret
         self.started_at = time.time()
-        self.members = group_members(config.node_ids, config.replication)
-        self.groups = [g for g, ms in self.members.items() if node_id in ms]
-        self.urls = {n.id: n.url for n in config.nodes}
+        if topology is None:
+            topology = Topology(config, config.node_data_dir(node_id))
+        self.topology = topology
+        cmap = topology.map
+        # Every group's members as callers try them: the map's, and for the groups this
+        # member is in, those of the configuration it applied.
+        self.members: dict[str, tuple[str, ...]] = {
+            g: cmap.members(g) + cmap.learners(g) for g in cmap.groups
+        }
+        self.preferred = {g: cmap.preferred_leader(g) for g in cmap.groups}
         data_dir = config.node_data_dir(node_id)
+        # The groups it keeps: those its data directory holds state of (it joined and
+        # left groups as replicas moved), or on a new store those the map gives it.
+        held = held_groups(data_dir) if config.durability != "memory" else []
+        self.groups = held or [g for g, ms in self.members.items() if node_id in ms]
+        self.urls = topology.urls
         self.data_dir = data_dir
         self.snap_dir = data_dir / "snapshots"
         self.nodes: dict[str, Node] = {
@@ -133,6 +170,7 @@ class Member:
                 open_storage(config.durability, data_dir, group=g),
                 secret=secret,
                 member=self,
+                topology=topology,
             )
             for g in self.groups
         }
@@ -165,7 +203,11 @@ class Member:
         applied = {g: node.storage.applied for g, node in self.nodes.items()}
         confs = {g: c for g, node in self.nodes.items() if (c := node.storage.conf) is not None}
         for g, conf in confs.items():
-            self.members[g] = voters_in_order(g, conf)
+            self.members[g] = self._in_order(g, conf)
+        home = self.nodes.get(self.topology.home)
+        if home is not None and home.storage.map_json is not None:
+            self.topology.adopt(ClusterMap.from_dict(json.loads(home.storage.map_json)))
+        self.topology.on_change(self._new_map)
         self.raft = RaftHost(
             self.id,
             {g: self.members[g] for g in self.groups},
@@ -182,6 +224,7 @@ class Member:
             compact_entries=self.config.replication_log_entries,
             compact_bytes=self.config.replication_log_bytes,
             confs=confs,
+            preferred=self.preferred,
         )
         self.raft.start()
 
@@ -203,12 +246,63 @@ class Member:
         data = entry.data
         if data is not None:
             conf = Conf.decode(data)
-            if conf is None:
-                result = apply_command(node.state, decode_command(data))
-            else:
+            if conf is not None:
                 node.storage.note_conf(conf)
-                self.members[group] = voters_in_order(group, conf)
+                self.members[group] = self._in_order(group, conf)
+            elif data.startswith(MAP_PREFIX):
+                result = self._apply_map(node, data)
+            else:
+                result = apply_command(node.state, decode_command(data))
         node.storage.note_applied(entry.index, node.state.clock, entry.term)
+        return result
+
+    def _apply_map(self, node: Node, data: bytes) -> Any:
+        """A map entry of the home group: taken if it was made from the map the group
+        holds (compare-and-set on the epoch), else a MapConflict result."""
+        entry = MapEntry.decode(data)
+        assert entry is not None
+        held = node.storage.map_json
+        epoch = json.loads(held)["epoch"] if held is not None else 1
+        if entry.expect != epoch:
+            return MapConflict(
+                f"the cluster map changed meanwhile (epoch {epoch}, the change was made from "
+                f"{entry.expect}): read it again and retry"
+            )
+        node.storage.note_map(json.dumps(entry.new.to_dict(), separators=(",", ":")))
+        self.topology.adopt(entry.new)
+        return entry.new
+
+    def _in_order(self, group: str, conf: Conf) -> tuple[str, ...]:
+        """`group`'s members as callers try them: voters in the map's order, then learners."""
+        order = self.topology.map.members(group)
+        return voters_in_order(conf, order) + tuple(sorted(conf.learners))
+
+    def _new_map(self, m: ClusterMap) -> None:
+        """A newer map: the members of the groups this member is not in, and every
+        group's preferred leader, follow it (the groups it is in follow their logs)."""
+        for g in m.groups:
+            if g not in self.nodes:
+                self.members[g] = m.members(g) + m.learners(g)
+            self.preferred[g] = m.preferred_leader(g)
+            if self.raft is not None and g in self.nodes:
+                self.raft.set_preferred(g, m.preferred_leader(g))
+        self.router.nodes = frozenset(self.urls)
+
+    async def propose_map(self, expect: int, new: ClusterMap) -> ClusterMap:
+        """As the home group's leader, commits `new` (made from the map of epoch
+        `expect`); MapConflict if the map changed meanwhile."""
+        host = self.raft
+        home = self.topology.home
+        if host is None:
+            raise NodeUnavailable(f"{self.id}: replication is not running")
+        self._serving(home)
+        try:
+            result = await host.propose(home, MapEntry(expect, new).encode())
+        except (RaftNotLeader, RaftNotCommitted) as e:
+            raise self.not_leader(home, e.leader) from None
+        if isinstance(result, ZdmqError):
+            raise result
+        assert isinstance(result, ClusterMap)
         return result
 
     # ---- compaction and snapshots (the driver's SnapshotHooks) --------------------------
@@ -356,6 +450,8 @@ class Member:
         node.storage = storage
         if storage.applied != snap.index:
             raise RuntimeError(f"installed {target} holds {storage.applied}, not {snap.index}")
+        if storage.map_json is not None:  # the home group's: the map it holds
+            self.topology.adopt(ClusterMap.from_dict(json.loads(storage.map_json)))
 
     def discard(self, snap: PulledSnapshot) -> None:
         snap.path.unlink(missing_ok=True)
@@ -408,11 +504,12 @@ class Member:
             open_storage(self.config.durability, self.data_dir, group=group),
             secret=self.secret,
             member=self,
+            topology=self.topology,
         )
         await node.start()
         self.nodes[group] = node
         self.groups.append(group)
-        self.members[group] = voters_in_order(group, conf)
+        self.members[group] = self._in_order(group, conf)
         self.snapshots_sent.setdefault(group, 0)
         self.raft.add_group(group, conf)
 

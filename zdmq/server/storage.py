@@ -122,7 +122,8 @@ CREATE TABLE IF NOT EXISTS dedup (
 );
 -- A replica group's state: the last log index applied (`applied`), that entry's term
 -- (`applied_term`), the state's clock, and the group's configuration as of `applied`
--- (`conf`, JSON text; absent while the group's first members all vote).
+-- (`conf`, JSON text; absent while the group's first members all vote); in the group
+-- that keeps the cluster map, the map as of `applied` (`map`, JSON text).
 CREATE TABLE IF NOT EXISTS machine (
     key TEXT PRIMARY KEY,
     value REAL NOT NULL
@@ -185,6 +186,9 @@ class Storage:
     clock = 0.0
     #: The group's configuration as of `applied` (None: its first members all vote).
     conf: Conf | None = None
+    #: The cluster map this group's log holds as of `applied` (JSON text; None: the map
+    #: cluster.yaml makes, or a group that does not keep it).
+    map_json: str | None = None
     # Rows of delivered messages served from the cache of recent pushes, and read back.
     cache_hits = 0
     cache_misses = 0
@@ -223,6 +227,10 @@ class Storage:
     def note_conf(self, conf: Conf) -> None:
         """The group applied a configuration entry: written with the next `note_applied`."""
         self.conf = conf
+
+    def note_map(self, text: str) -> None:
+        """The group applied a cluster map: written with the next `note_applied`."""
+        self.map_json = text
 
     async def close(self) -> None:
         raise NotImplementedError
@@ -356,6 +364,8 @@ class SqliteStorage(Storage):
         self.clock = state.clock = float(machine.get("clock", 0.0))
         conf = machine.get("conf")
         self.conf = Conf.from_json(conf) if isinstance(conf, str) else None
+        map_json = machine.get("map")
+        self.map_json = map_json if isinstance(map_json, str) else None
         self._loading = True  # the replay below writes nothing back
         for name, incarnation, created_at, settings in conn.execute(
             "SELECT name, incarnation, created_at, settings FROM queues"
@@ -594,6 +604,8 @@ class SqliteStorage(Storage):
                 ]
                 if self.conf is not None:
                     rows.append(("conf", self.conf.to_json()))
+                if self.map_json is not None:
+                    rows.append(("map", self.map_json))
                 conn.executemany("INSERT OR REPLACE INTO machine (key, value) VALUES (?, ?)", rows)
             except Exception as e:
                 self._fail(e)

@@ -29,6 +29,7 @@ CLIENTS = "clients"
 METRICS = "metrics"
 SAMPLER = "rate_sampler"
 STATUS_POOL = "status_pool"
+TOPOLOGY = "topology"
 # `ZDMQ_METRICS=off` in a node's environment: no metrics kept, /metrics answers 404.
 METRICS_ENV = "ZDMQ_METRICS"
 

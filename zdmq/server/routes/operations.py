@@ -30,9 +30,11 @@ from zdmq.server.routes.common import (
     NODE,
     SAMPLER,
     STATUS_POOL,
+    TOPOLOGY,
     _int_param,
     _json,
 )
+from zdmq.server.topology import Topology
 
 
 async def health(request: Request) -> Response:
@@ -102,11 +104,10 @@ def _member_health(member: Member) -> Response:
 
 async def cluster(request: Request) -> Response:
     config = request.app[CONFIG]
+    topology: Topology = request.app[TOPOLOGY]
     return _json(
         {
-            "nodes": [{"id": n.id, "url": n.url} for n in config.nodes],
-            "partitions": config.partitions,
-            "replication": config.replication,
+            **topology.view(),
             "limits": {
                 "max_message_bytes": config.limits.max_message_bytes,
                 "max_batch_messages": config.limits.max_batch_messages,
