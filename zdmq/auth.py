@@ -168,10 +168,14 @@ class NodeVerifier:
         self._key = secret
         self._nodes = node_ids
 
-    def verify(self, value: str, method: str, target: str, body: bytes) -> str:
+    def verify(
+        self, value: str, method: str, target: str, body: bytes, *, any_node: bool = False
+    ) -> str:
+        """`any_node`: also a node this one does not know yet (one that joins the
+        cluster asks for its map before any other node knows it)."""
         node_id, _, rest = value.partition(":")
         ts, _, mac = rest.partition(":")
-        if node_id not in self._nodes:
+        if node_id not in self._nodes and not (any_node and node_id):
             raise Unauthorized("node credential: not a node of this cluster")
         if not (ts.isascii() and ts.isdigit()) or abs(time.time() - int(ts)) > MAX_SKEW_S:
             raise Unauthorized(

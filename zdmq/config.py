@@ -8,6 +8,7 @@ gets as far as a running node. This module does no I/O beyond reading that file.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import re
 import ssl
@@ -114,6 +115,9 @@ class ClusterConfig:
     auth: AuthConfig = field(default_factory=lambda: AuthConfig())
     tls: TlsConfig | None = None
     source: Path | None = None
+    # A node this process runs that the file does not list: it joins the running
+    # cluster (`zdmq node --address`), which it learns from the listed nodes.
+    joining: NodeConfig | None = None
 
     # ---- construction -------------------------------------------------------------
     @classmethod
@@ -207,7 +211,23 @@ class ClusterConfig:
         for n in self.nodes:
             if n.id == node_id:
                 return n
+        if self.joining is not None and self.joining.id == node_id:
+            return self.joining
         raise ConfigError(f"node {node_id!r} is not in the cluster (nodes: {self.node_ids})")
+
+    def with_joining(self, node_id: str, address: str) -> ClusterConfig:
+        """This file's cluster, run by node `node_id` listening on `address` ("host:port")
+        that the file does not list (a node that joins it)."""
+        if node_id in self.node_ids:
+            raise ConfigError(f"node {node_id!r} is in the cluster file: it needs no --address")
+        if not _NODE_ID.match(node_id):
+            raise ConfigError(f"node id {node_id!r}: expected [A-Za-z0-9_.-], 1 to 64 characters")
+        host, sep, port = address.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--address {address!r}: expected host:port")
+        me = NodeConfig(node_id, host, int(port), tls=self.tls is not None)
+        return dataclasses.replace(self, joining=me)
 
     @property
     def all_loopback(self) -> bool:

@@ -205,6 +205,25 @@ class LocalCluster:
         path.write_text(yaml.safe_dump(raw, sort_keys=False))
         return cls(path, sockets=sockets, log_dir=directory / "logs")
 
+    def joining(self, node_id: str, python: str = sys.executable) -> str:
+        """A node the cluster file does not list, on a loopback port the kernel picks,
+        set up to run (`start_node`) and join the running cluster (`zdmq node
+        --address`). Returns its address ("host:port"), for `zdmq cluster add-node`."""
+        if node_id in self.nodes:
+            raise ValueError(f"node {node_id} is set up already")
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen(1024)
+        s.set_inheritable(True)
+        self._sockets[node_id] = s
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        argv = [python, "-m", "zdmq.server", "--config", str(self.config_path)]
+        argv += ["--node", node_id, "--address", address, "--listen-fd", str(s.fileno())]
+        log_path = next(iter(self.nodes.values())).log_path.parent / f"{node_id}.log"
+        self.nodes[node_id] = NodeProcess(node_id, argv, log_path, s.fileno())
+        return address
+
     # ---- verbs ---------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> LocalCluster:
         for n in self.nodes.values():
@@ -306,7 +325,10 @@ class LocalCluster:
 
     @property
     def urls(self) -> list[str]:
-        return [self.config.node(i).url for i in self.nodes]
+        listed = self.config.node_ids
+        return [
+            self.config.node(i).url if i in listed else (n.url or "") for i, n in self.nodes.items()
+        ]
 
     def __enter__(self) -> LocalCluster:
         return self.start()

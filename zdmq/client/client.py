@@ -786,6 +786,54 @@ class Client:
         )
         return Published.from_wire(reply.json())
 
+    # ---- the cluster's nodes ------------------------------------------------------------
+    async def cluster_map(self) -> dict[str, Any]:
+        """The cluster map as a node serves it (`GET /v1/cluster`); the client routes by
+        it from then on."""
+        self._begin("cluster")
+        reply = await self._call("cluster", self._any_node(), "GET", "/v1/cluster")
+        info = _read("cluster", "any", reply, dict)
+        if int(info.get("epoch", 0)) > self._epoch:
+            self._learn(info)
+        return info
+
+    async def add_node(self, node_id: str, address: str) -> dict[str, Any]:
+        """Adds node `node_id` (running, listening on `address`, "host:port") to the
+        cluster; replicas then move to it until the nodes hold even shares. Needs a token
+        with admin on every queue. Idempotent. Returns `{"changed", "epoch", "map"}`."""
+        body = {"id": node_id, "address": address}
+        return await self._cluster_change("add_node", "POST", "/v1/cluster/nodes", body)
+
+    async def remove_node(self, node_id: str) -> dict[str, Any]:
+        """Drains node `node_id`: its replicas move to the others, then it leaves the map
+        (and may be stopped). Idempotent."""
+        return await self._cluster_change(
+            "remove_node", "DELETE", f"/v1/cluster/nodes/{node_id}", None
+        )
+
+    async def replace_node(self, old: str, new: str, address: str) -> dict[str, Any]:
+        """Node `new` (running at `address`) takes `old`'s place: `old`'s replicas are
+        rebuilt on it from the other members (`old` may be dead). Idempotent."""
+        body = {"id": new, "address": address}
+        path = f"/v1/cluster/nodes/{old}/replace"
+        return await self._cluster_change("replace_node", "POST", path, body)
+
+    async def moves(self) -> dict[str, Any]:
+        """The moves under way and done (`GET /v1/cluster/moves`)."""
+        self._begin("moves")
+        reply = await self._call("moves", self._any_node(), "GET", "/v1/cluster/moves")
+        return _read("moves", "any", reply, dict)
+
+    async def _cluster_change(self, op: str, method: str, path: str, body: Any) -> dict[str, Any]:
+        self._begin(op)
+        kw: dict[str, Any] = {}
+        if body is not None:
+            kw = {"data": _http.dumps(body), "headers": _http.JSON_HEADERS}
+        reply = await self._call(op, self._any_node(), method, path, **kw)
+        result = _read(op, "any", reply, dict)
+        await self._follow(int(result.get("epoch", 0)))
+        return result
+
     # ---- backups ---------------------------------------------------------------------
     async def backup(self, directory: str | Path) -> list[GroupBackup]:
         """A consistent copy of every replica group's state (each node's, with one copy),

@@ -384,11 +384,16 @@ def http_sender(pool: _http.HttpPool, urls: Mapping[str, str], *, timeout_s: flo
     answer payload (a 200's body; None for a 204). A failed call raises (the host
     drops that payload)."""
     headers = {"Content-Type": RAFT_CONTENT_TYPE}
-    targets = {peer: url.rstrip("/") + RAFT_PATH for peer, url in urls.items()}
+    # `urls` may gain peers (a node that joined the cluster): looked up at each send.
+    targets: dict[str, str] = {}
 
     async def send(peer: str, payload: bytes) -> bytes | None:
+        url = urls[peer]
+        target = targets.get(url)
+        if target is None:
+            target = targets[url] = url.rstrip("/") + RAFT_PATH
         reply = await _http.call(
-            pool, "POST", targets[peer], data=payload, headers=headers, timeout_s=timeout_s
+            pool, "POST", target, data=payload, headers=headers, timeout_s=timeout_s
         )
         return reply.body if reply.status == 200 and reply.body else None
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from zdmq import _http
 from zdmq.auth import (
     NODE_AUTH_HEADER,
     ClientGuard,
@@ -40,8 +42,10 @@ from zdmq.server.backup import BackupCopies
 from zdmq.server.http import App, Request, Response, json_response
 from zdmq.server.metrics import NodeMetrics
 from zdmq.server.node import FORWARDED_HEADER, Node, node_pool
+from zdmq.server.rebalance import Rebalancer
 from zdmq.server.relay import Relay
 from zdmq.server.replicas import Member
+from zdmq.server.routes import cluster as cluster_routes
 from zdmq.server.routes import membership
 from zdmq.server.routes.common import (
     ADMIN,
@@ -151,7 +155,13 @@ def _guarded(
         headers = request.headers
         signed = headers.get(NODE_AUTH_HEADER)
         if signed is not None:  # another node: every right
-            nodes.verify(signed, request.method, request.path_qs, request.body)
+            nodes.verify(
+                signed,
+                request.method,
+                request.path_qs,
+                request.body,
+                any_node=request.path == "/v1/cluster",
+            )
             return
         if node_only:
             if "Authorization" in headers:
@@ -270,6 +280,13 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
         served = [node]
         app[NODE] = node
     app[MEMBER] = member
+    # On the home group's leader: brings the groups to what the map asks (rebalance.py).
+    rebalancer = (
+        Rebalancer(member, functools.partial(cluster_routes.push_map, member))
+        if member is not None
+        else None
+    )
+    app[cluster_routes.REBALANCER] = rebalancer
     app[HAND_OVER] = False
     relay = Relay(config, member) if member is not None else None
     app[BACKUPS] = BackupCopies(config.node_data_dir(node_id) / "backups")
@@ -305,6 +322,10 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
             if repair:
                 tasks.append(asyncio.create_task(n.repair_loop()))
         tasks.append(asyncio.create_task(sampler.run()))
+        if member is not None:
+            await _learn_map(member)
+        if rebalancer is not None:
+            tasks.append(asyncio.create_task(rebalancer.run()))
         # The status's calls to every node, each given up on soon (a node down shows fast).
         app[STATUS_POOL] = node_pool(
             config, secret, node_id, timeout_s=cluster_status.NODE_TIMEOUT_S
@@ -343,6 +364,28 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
                 handler = relay.wrap(handler)
         app.route(method, path, _guarded(handler, need, nodes, clients, refusals))
     return app
+
+
+async def _learn_map(member: Member) -> None:
+    """At start: the newest map the nodes this one knows hold (a node that joins a
+    running cluster knows only the seeds of its cluster file)."""
+    urls = list(dict.fromkeys(u for n, u in member.urls.items() if n != member.id))
+
+    async def one(url: str) -> None:
+        try:
+            reply = await _http.call(member.pool, "GET", url + "/v1/cluster", timeout_s=2.0)
+            member.topology.adopt(ClusterMap.from_dict(_map_part(reply.json())))
+        except Exception as e:
+            log.debug("no map from %s at start: %s", url, e)
+
+    await asyncio.gather(*(one(u) for u in urls))
+
+
+def _map_part(view: dict[str, Any]) -> dict[str, Any]:
+    """The map of a `GET /v1/cluster` reply (without its limits and URLs)."""
+    out = {k: v for k, v in view.items() if k != "limits"}
+    out["nodes"] = [{"id": n["id"], "address": n["address"]} for n in view["nodes"]]
+    return out
 
 
 # Every route, and who may call it.
@@ -395,4 +438,11 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/internal/groups/{group}/changes", membership.change_group, NODE_ONLY),
     ("POST", "/v1/internal/groups/{group}/transfer", membership.transfer_group, NODE_ONLY),
     ("GET", "/v1/internal/status", internal_status, NODE_ONLY),
+    ("POST", "/v1/cluster/nodes", cluster_routes.add_node, CLUSTER_ADMIN),
+    ("DELETE", "/v1/cluster/nodes/{node}", cluster_routes.remove_node, CLUSTER_ADMIN),
+    ("POST", "/v1/cluster/nodes/{node}/replace", cluster_routes.replace_node, CLUSTER_ADMIN),
+    ("GET", "/v1/cluster/moves", cluster_routes.moves, CLUSTER_ADMIN),
+    ("POST", "/v1/internal/cluster", cluster_routes.internal_map, NODE_ONLY),
+    ("POST", "/v1/internal/cluster/changes", cluster_routes.internal_change, NODE_ONLY),
+    ("GET", "/v1/internal/cluster/moves", cluster_routes.internal_moves, NODE_ONLY),
 )

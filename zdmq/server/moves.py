@@ -17,6 +17,7 @@ a node (`target` a node id) or to a group's leader (`target` ("group", id)).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class MoveProgress:
     matched: int = 0
     commit_index: int = 0
     started: float = field(default_factory=time.time)
+    finished: float | None = None
     done: bool = False
 
 
@@ -90,8 +92,10 @@ async def run_move(
         if change is None:
             if remove is not None:
                 progress.step = f"dropping the group on {remove}"
-                await call(remove, "DELETE", f"/v1/internal/groups/{group}", None)
-            progress.step, progress.done = "done", True
+                # A dead node being replaced is out of the group whether it hears or not.
+                with contextlib.suppress(NodeUnavailable):
+                    await call(remove, "DELETE", f"/v1/internal/groups/{group}", None)
+            progress.step, progress.done, progress.finished = "done", True, time.time()
             return conf
         if change.kind == "add_learner":
             progress.step = f"starting the group on {change.node}"

@@ -177,14 +177,19 @@ def node_main(
     *,
     listen_fd: int | None = None,
     log_format: str | None = None,
+    address: str | None = None,
 ) -> None:
     """`python -m zdmq.server` and `zdmq node`: loads the cluster file and runs node
-    `node_id`. A bad file, or no node secret or client tokens where they are needed,
-    stops it with a message, which is a JSON line under JSON logs like every line the
-    node writes (logging is set up before the file is read for that)."""
+    `node_id` (with `address`, "host:port": a node the file does not list, that joins the
+    running cluster; an admin then adds it with `zdmq cluster add-node`). A bad file, or
+    no node secret or client tokens where they are needed, stops it with a message, which
+    is a JSON line under JSON logs like every line the node writes (logging is set up
+    before the file is read for that)."""
     setup_logging(node_id, log_format)
     try:
         config = ClusterConfig.load(config_path)
+        if address is not None:
+            config = config.with_joining(node_id, address)
         config.node(node_id)
         if config.groups is not None:
             # The map and the planner know the layout (docs/design.md §19); the nodes

@@ -1,0 +1,133 @@
+"""The cluster grows, shrinks and replaces a dead host while producers and consumers run
+(docs/design.md §19): real node processes, the admin calls an operator makes (`zdmq
+cluster add-node` and the rest), the rebalancer on the home group's leader moving
+replicas, and the client following the map's epoch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.helpers import unique, wait_until
+from zdmq import BadRequest, Client
+from zdmq.local import LocalCluster
+
+pytestmark = pytest.mark.main_pass_only  # it sets its own layout: 4 nodes, three copies
+
+
+async def settled(client: Client) -> dict[str, Any]:
+    """Waits until the rebalancer has nothing left to do; returns the map."""
+
+    async def idle() -> bool:
+        moves = await client.moves()
+        return moves["current"] is None and moves["pending_steps"] == 0 and not moves["leaving"]
+
+    await wait_until(idle, timeout_s=120, what="the moves to finish")
+    return await client.cluster_map()
+
+
+def replicas(m: dict[str, Any]) -> dict[str, int]:
+    counts = {n["id"]: 0 for n in m["nodes"]}
+    for g in m["groups"]:
+        for node in g["members"]:
+            counts[node] += 1
+    return counts
+
+
+async def health_groups(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url + "/v1/health") as r:
+        return dict((await r.json())["groups"])
+
+
+async def test_a_node_joins_and_leaves_under_load_and_nothing_is_lost(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    cluster = make_cluster(nodes=4, replication=3)
+    queue = unique("grow")
+    pushed: list[str] = []
+    popped: list[str] = []
+    stop = asyncio.Event()
+    address = cluster.joining("n5")
+    cluster.start_node("n5")
+    async with Client.from_config(cluster.config_path) as client:
+        await client.create_queue(queue)
+        pushed += await client.push_many(queue, [b"before"] * 500)
+        epoch = client.epoch
+
+        async def producing() -> None:
+            while not stop.is_set():
+                pushed.extend(await client.push_many(queue, [b"during"] * 20))
+                await asyncio.sleep(0.01)
+
+        async def consuming() -> None:
+            while not stop.is_set():
+                popped.extend(m.id for m in await client.pop_many(queue, 10))
+                await asyncio.sleep(0.02)
+
+        load = [asyncio.create_task(producing()), asyncio.create_task(consuming())]
+        try:
+            added = await client.add_node("n5", address)
+            assert added["changed"] is True and added["epoch"] > epoch
+            again = await client.add_node("n5", address)  # idempotent
+            assert again["changed"] is False
+            with pytest.raises(BadRequest, match="in the cluster at"):
+                await client.add_node("n5", "127.0.0.1:1")
+            grown = await settled(client)
+            # n5 holds its share of the 4 x 3 replicas: 12 / 5 rounded down or up.
+            counts = replicas(grown)
+            assert sorted(counts.values()) in ([2, 2, 2, 3, 3], [2, 2, 3, 3, 2]), counts
+            assert counts["n5"] in (2, 3)
+            assert client.epoch == grown["epoch"]  # the client follows the map
+            n5_groups = await health_groups(http, f"http://{address}")
+            assert len(n5_groups) == counts["n5"]
+
+            removed = await client.remove_node("n5")
+            assert removed["changed"] is True
+            shrunk = await settled(client)
+            assert "n5" not in {n["id"] for n in shrunk["nodes"]}
+            assert sorted(replicas(shrunk).values()) == [3, 3, 3, 3]
+        finally:
+            stop.set()
+            await asyncio.gather(*load)
+        while batch := await client.pop_many(queue, 100):
+            popped += [m.id for m in batch]
+    assert len(popped) == len(set(popped)), "a message came back twice"
+    assert set(popped) == set(pushed), (len(pushed), len(popped))
+
+
+async def test_a_dead_node_is_replaced_by_a_new_host_and_its_data_rebuilt(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    cluster = make_cluster(nodes=4, replication=3)
+    queue = unique("replace")
+    async with Client.from_config(cluster.config_path) as client:
+        await client.create_queue(queue)
+        pushed = await client.push_many(queue, [b"x"] * 400)
+        cluster.kill("n2")  # its host is gone for good, disk and all
+        cluster.release_port("n2")
+        address = cluster.joining("n6")
+        cluster.start_node("n6")
+        result = await client.replace_node("n2", "n6", address)
+        assert result["changed"] is True
+        m = await settled(client)
+        ids = {n["id"] for n in m["nodes"]}
+        assert "n2" not in ids and "n6" in ids
+        assert sorted(replicas(m).values()) == [3, 3, 3, 3]
+        # n6 took n2's place in each group's order: it prefers to lead group n2.
+        assert next(g for g in m["groups"] if g["id"] == "n2")["members"][0] == "n6"
+
+        async def n6_leads_n2() -> bool:
+            groups = await health_groups(http, f"http://{address}")
+            return groups.get("n2", {}).get("role") == "leader"
+
+        await wait_until(n6_leads_n2, timeout_s=30, what="n6 leading group n2")
+        more = await client.push_many(queue, [b"y"] * 100)
+        got: list[str] = []
+        while batch := await client.pop_many(queue, 100):
+            got += [m.id for m in batch]
+    assert len(got) == len(set(got))
+    assert set(got) == set(pushed) | set(more)

@@ -1,0 +1,176 @@
+"""Changing the cluster's nodes (docs/api.md, "Cluster changes"; docs/design.md §19): an
+admin adds, removes or replaces a node through any node, which passes the change to
+the leader of the map's home group; that leader commits the new map, sends it to every
+node, and its rebalancer moves replicas until the map's groups are where it asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from zdmq import _http
+from zdmq.cluster_map import ClusterMap, MapError
+from zdmq.errors import BadRequest, MapConflict, RouteNotFound
+from zdmq.server.http import Request, Response
+from zdmq.server.rebalance import Rebalancer, map_change
+from zdmq.server.replicas import Member
+from zdmq.server.routes.common import MEMBER, NODE, TOPOLOGY, _json, _json_body
+from zdmq.server.topology import Topology
+
+__all__ = [
+    "REBALANCER",
+    "add_node",
+    "internal_change",
+    "internal_map",
+    "internal_moves",
+    "moves",
+    "push_map",
+    "remove_node",
+    "replace_node",
+]
+
+log = logging.getLogger(__name__)
+
+REBALANCER = "rebalancer"
+PUSH_TIMEOUT_S = 2.0
+
+
+def _member(request: Request) -> Member:
+    member: Member | None = request.app[MEMBER]
+    if member is None or member.raft is None:
+        raise BadRequest(
+            f"{request.app[NODE].id}: a cluster with one copy of each message cannot change "
+            "its nodes (replication must be 2 or more)"
+        )
+    return member
+
+
+async def _object(request: Request) -> dict[str, Any]:
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _string(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f'"{name}" must be a non-empty string')
+    return value
+
+
+async def push_map(member: Member, m: ClusterMap) -> None:
+    """Sends `m` to every node it names (best effort: a node that misses it learns it
+    from the epoch of the next reply it sees)."""
+    body = {"map": m.to_dict()}
+
+    async def one(node: str) -> None:
+        try:
+            await _http.call(
+                member.pool,
+                "POST",
+                member.urls[node] + "/v1/internal/cluster",
+                json=body,
+                timeout_s=PUSH_TIMEOUT_S,
+            )
+        except Exception as e:
+            log.info("map epoch %d not sent to %s: %s", m.epoch, node, e)
+
+    await asyncio.gather(*(one(n) for n in m.nodes if n != member.id))
+
+
+async def _on_home(request: Request, path: str, body: dict[str, Any] | None) -> Any:
+    """The internal call `path` on the home group's leader (this node, if it leads)."""
+    member = _member(request)
+    method = "GET" if body is None else "POST"
+    kw: dict[str, Any] = {"json": body} if body is not None else {}
+    reply = await member.call(member.topology.home, method, path, headers={}, **kw)
+    return reply.json()
+
+
+def _changed(result: dict[str, Any]) -> Response:
+    return _json(result, status=202 if result["changed"] else 200)
+
+
+async def add_node(request: Request) -> Response:
+    """`POST /v1/cluster/nodes` `{"id": ..., "address": "host:port"}`."""
+    body = await _object(request)
+    change = {"op": "add", "node": _string(body, "id"), "address": _string(body, "address")}
+    return _changed(await _on_home(request, "/v1/internal/cluster/changes", change))
+
+
+async def remove_node(request: Request) -> Response:
+    """`DELETE /v1/cluster/nodes/{node}`: drains the node, then it leaves the map."""
+    change = {"op": "remove", "node": request.match_info["node"]}
+    return _changed(await _on_home(request, "/v1/internal/cluster/changes", change))
+
+
+async def replace_node(request: Request) -> Response:
+    """`POST /v1/cluster/nodes/{node}/replace` `{"id": ..., "address": "host:port"}`."""
+    body = await _object(request)
+    change = {
+        "op": "replace",
+        "node": request.match_info["node"],
+        "new": _string(body, "id"),
+        "address": _string(body, "address"),
+    }
+    return _changed(await _on_home(request, "/v1/internal/cluster/changes", change))
+
+
+async def moves(request: Request) -> Response:
+    """`GET /v1/cluster/moves`: the rebalancer's progress, from the home group's leader."""
+    return _json(await _on_home(request, "/v1/internal/cluster/moves", None))
+
+
+# ---- on the home group's leader, and on every node --------------------------------------
+async def internal_change(request: Request) -> Response:
+    member = _member(request)
+    member._serving(member.topology.home)  # 421 unless it leads the home group
+    body = await _object(request)
+    op = body.get("op")
+    node = _string(body, "node")
+    address = body.get("address")
+    new = body.get("new")
+    if op in ("add", "replace") and not isinstance(address, str):
+        raise BadRequest('"address" must be "host:port"')
+    if op == "replace" and not isinstance(new, str):
+        raise BadRequest('"new" must name the node that takes the place')
+    for _ in range(5):
+        m = member.topology.map
+        changed = map_change(m, str(op), node, address, new)
+        if changed is m:
+            return _json({"changed": False, "epoch": m.epoch, "map": m.to_dict()})
+        try:
+            committed = await member.propose_map(m.epoch, changed)
+        except MapConflict:
+            continue
+        rebalancer: Rebalancer | None = request.app[REBALANCER]
+        if rebalancer is not None:
+            rebalancer.wake()
+        await push_map(member, committed)
+        return _json({"changed": True, "epoch": committed.epoch, "map": committed.to_dict()})
+    raise MapConflict("the cluster map kept changing: try again")
+
+
+async def internal_moves(request: Request) -> Response:
+    member = _member(request)
+    member._serving(member.topology.home)
+    rebalancer: Rebalancer | None = request.app[REBALANCER]
+    if rebalancer is None:
+        raise RouteNotFound("no rebalancer runs here")
+    return _json(rebalancer.view())
+
+
+async def internal_map(request: Request) -> Response:
+    """`POST /v1/internal/cluster` `{"map": ...}`: a newer map, from the home group's
+    leader; taken if newer than the one this node holds."""
+    body = await _object(request)
+    try:
+        m = ClusterMap.from_dict(body.get("map"))
+    except MapError as e:
+        raise BadRequest(f"map: {e}") from None
+    topology: Topology = request.app[TOPOLOGY]
+    taken = topology.adopt(m)
+    return _json({"epoch": topology.epoch, "taken": taken})
