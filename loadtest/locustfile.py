@@ -144,6 +144,9 @@ class Settings:
             )
         if options.queues < 1:
             raise ValueError(f"--queues {options.queues}: expected at least 1")
+        # The cluster map's epoch these routes follow: a reply that names a newer one has
+        # the map fetched again (`follow`), so a grown or shrunk cluster is routed right.
+        self.epoch = 1
         self.message_size = options.message_size
         self.batch_size = options.batch_size
         self.queues = [f"{QUEUE_PREFIX}{i}" for i in range(options.queues)]
@@ -151,6 +154,24 @@ class Settings:
         self.auth = bearer_headers(options.zdmq_token or None)  # sent on every call
         self.body = b"x" * self.message_size
         self.batch_item = {"body": self.body.decode(), "encoding": "utf-8"}
+
+    def follow(self, epoch_header: str | None, url: str) -> None:
+        """A reply from `url` named the map of epoch `epoch_header`: if newer, takes
+        that node's map (its nodes' URLs and its groups' members)."""
+        if not epoch_header or not epoch_header.isdigit() or int(epoch_header) <= self.epoch:
+            return
+        req = urllib.request.Request(url + "/v1/cluster", headers=dict(self.auth))
+        try:
+            with urllib.request.urlopen(req, timeout=5) as reply:
+                view = orjson.loads(reply.read())
+        except (OSError, ValueError) as e:
+            log.warning("zdmq: no cluster map from %s: %s", url, e)
+            return
+        self.urls.update({n["id"]: n["url"] for n in view["nodes"]})
+        if self.groups is not None:
+            self.groups = {g["id"]: (*g["members"], *g.get("learners", ())) for g in view["groups"]}
+        self.epoch = int(view["epoch"])
+        log.info("zdmq: routing by the cluster map of epoch %d", self.epoch)
 
 
 SETTINGS: Settings | None = None
@@ -292,8 +313,9 @@ class ZdmqUser(FastHttpUser):
         kw: dict[str, Any],
         redirect: Callable[[Any], bool] | None = None,
     ) -> Any | None:
-        url = self.s.urls[node] + path
-        with self.client.request(method, url, name=name, catch_response=True, **kw) as r:
+        base = self.s.urls[node]
+        with self.client.request(method, base + path, name=name, catch_response=True, **kw) as r:
+            self.s.follow(r.headers.get("zdmq-epoch") if r.headers else None, base)
             if redirect is not None and redirect(r):
                 return None
             if r.status_code == 0:  # connection error: already recorded as the failure

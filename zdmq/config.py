@@ -110,6 +110,9 @@ class ClusterConfig:
     # How long a node keeps an emptied UUID queue listed before it unregisters it (0: at
     # once, as ZDMQ does), so a queue that empties and refills does not re-register each time.
     unregister_grace_s: float = 1.0
+    # The rate a node copies a group's state at when a replica moves to it (a snapshot
+    # pulled from the group's leader), in bytes per second (0: as fast as it goes).
+    move_bytes_per_s: int = 64 << 20
     # Bound on one node-to-node or client-to-node call.
     request_timeout_s: float = 10.0
     auth: AuthConfig = field(default_factory=lambda: AuthConfig())
@@ -152,6 +155,7 @@ class ClusterConfig:
             "repair_interval_s",
             "request_timeout_s",
             "unregister_grace_s",
+            "move_bytes_per_s",
             "auth",
             "tls",
         }
@@ -197,6 +201,7 @@ class ClusterConfig:
             repair_interval_s=_float(raw, "repair_interval_s", 5.0, 0.05, 3600.0),
             request_timeout_s=_float(raw, "request_timeout_s", 10.0, 0.1, 600.0),
             unregister_grace_s=_float(raw, "unregister_grace_s", 1.0, 0.0, 60.0),
+            move_bytes_per_s=_int(raw, "move_bytes_per_s", 64 << 20, 0, 1 << 40),
             auth=_auth(raw.get("auth", {}), base_dir),
             tls=tls,
             source=source,
@@ -265,6 +270,7 @@ class ClusterConfig:
             "repair_interval_s": self.repair_interval_s,
             "request_timeout_s": self.request_timeout_s,
             "unregister_grace_s": self.unregister_grace_s,
+            "move_bytes_per_s": self.move_bytes_per_s,
             **({"auth": self.auth.to_dict()} if self.auth != AuthConfig() else {}),
             **({"tls": self.tls.to_dict()} if self.tls is not None else {}),
         }

@@ -118,7 +118,7 @@ from zdmq.server.routes.topics import (
     unsubscribe,
 )
 from zdmq.server.storage import open_storage
-from zdmq.server.topology import EPOCH_HEADER, Topology
+from zdmq.server.topology import EPOCH_HEADER, Topology, map_of_view
 
 __all__ = ["HAND_OVER", "NODE", "make_app"]
 
@@ -374,18 +374,11 @@ async def _learn_map(member: Member) -> None:
     async def one(url: str) -> None:
         try:
             reply = await _http.call(member.pool, "GET", url + "/v1/cluster", timeout_s=2.0)
-            member.topology.adopt(ClusterMap.from_dict(_map_part(reply.json())))
+            member.topology.adopt(map_of_view(reply.json()))
         except Exception as e:
             log.debug("no map from %s at start: %s", url, e)
 
     await asyncio.gather(*(one(u) for u in urls))
-
-
-def _map_part(view: dict[str, Any]) -> dict[str, Any]:
-    """The map of a `GET /v1/cluster` reply (without its limits and URLs)."""
-    out = {k: v for k, v in view.items() if k != "limits"}
-    out["nodes"] = [{"id": n["id"], "address": n["address"]} for n in view["nodes"]]
-    return out
 
 
 # Every route, and who may call it.

@@ -47,7 +47,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +73,7 @@ from zdmq.raft.storage import Entry, SnapshotMeta, holds_entry
 from zdmq.routing import GROUP_HEADER, GroupRouter
 from zdmq.server.machine import Command, apply_command, decode_command, encode_command
 from zdmq.server.storage import open_storage
-from zdmq.server.topology import MAP_PREFIX, MapEntry, Topology
+from zdmq.server.topology import MAP_PREFIX, MapEntry, Topology, map_of_view
 
 if TYPE_CHECKING:
     from zdmq.server.node import Node
@@ -179,6 +179,7 @@ class Member:
         # Calls to other groups find their leaders: this member's own knowledge of the
         # groups it is in, 421 hints for the others.
         self.router = GroupRouter(self.members, self._leader_of, self.silent, self.urls)
+        self._fetching: asyncio.Future[None] | None = None
         self.store: RaftLogStore | None = None
         self.raft: RaftHost | None = None
         #: Per group: snapshots of its state this member began to send (for metrics).
@@ -409,9 +410,15 @@ class Member:
         path = self.snap_dir / f"incoming-{group}.sqlite3"
         url = self.urls[src] + SNAPSHOT_PATH + group
         index = term = size = 0
+        rate = self.config.move_bytes_per_s
+        started = time.monotonic()
         try:
             with path.open("wb") as f:
                 while True:
+                    if rate and f.tell():  # the throttle: at most `rate` bytes a second
+                        ahead = f.tell() / rate - (time.monotonic() - started)
+                        if ahead > 0:
+                            await asyncio.sleep(ahead)
                     reply = await _http.call(
                         self.pool, "GET", url, params={"offset": f.tell(), "index": index}
                     )
@@ -645,6 +652,24 @@ class Member:
         return found
 
     # ---- calls to other groups ----------------------------------------------------------
+    async def follow(self, epoch: int | None, url: str) -> None:
+        """A node at `url` replied under the map of `epoch`: if that is newer than this
+        node's, takes the map from it first (one fetch at a time), so a retry routes by
+        it. A fetch that fails leaves the map as it was (the push of the home group's
+        leader, or the next reply, brings it)."""
+        if epoch is None or epoch <= self.topology.epoch:
+            return
+        if self._fetching is None or self._fetching.done():
+            self._fetching = asyncio.ensure_future(self._fetch_map(url))
+        await asyncio.shield(self._fetching)
+
+    async def _fetch_map(self, url: str) -> None:
+        try:
+            reply = await _http.call(self.pool, "GET", url + "/v1/cluster", timeout_s=2.0)
+            self.topology.adopt(map_of_view(reply.json()))
+        except (ZdmqError, ValueError, KeyError, TypeError) as e:
+            log.info("%s: no cluster map from %s: %s", self.id, url, e)
+
     async def call(
         self,
         group: str,
@@ -660,8 +685,15 @@ class Member:
         member took it as leader in the router's time (the call never ran)."""
         headers = {**headers, GROUP_HEADER: group}
 
-        def send(target: str) -> Awaitable[_http.Reply]:
-            return _http.call(self.pool, method, self.urls[target] + path, headers=headers, **kw)
+        async def send(target: str) -> _http.Reply:
+            url = self.urls[target]
+            try:
+                reply = await _http.call(self.pool, method, url + path, headers=headers, **kw)
+            except ZdmqError as e:
+                await self.follow(e.epoch, url)
+                raise
+            await self.follow(_http.reply_epoch(reply), url)
+            return reply
 
         try:
             return await self.router.call(group, send, once=once)

@@ -27,7 +27,7 @@ from typing import Any
 from zdmq.cluster_map import ClusterMap, MapError, initial_map
 from zdmq.config import ClusterConfig
 
-__all__ = ["EPOCH_HEADER", "MAP_PREFIX", "MapEntry", "Topology"]
+__all__ = ["EPOCH_HEADER", "MAP_PREFIX", "MapEntry", "Topology", "map_of_view"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,14 @@ EPOCH_HEADER = "zdmq-epoch"
 # A log entry of the home group that holds a map (not a command of the state machine).
 MAP_PREFIX = b"\xc1zdmq-map:"
 MAP_FILE = "cluster-map.json"
+
+
+def map_of_view(view: Any) -> ClusterMap:
+    """The map of a `GET /v1/cluster` reply (its limits and URLs left out); MapError,
+    or KeyError / TypeError, for a reply that is not one."""
+    out = {k: v for k, v in view.items() if k != "limits"}
+    out["nodes"] = [{"id": n["id"], "address": n["address"]} for n in view["nodes"]]
+    return ClusterMap.from_dict(out)
 
 
 class MapEntry:

@@ -28,6 +28,7 @@ from zdmq import _http
 from zdmq.auth import TOKEN_ENV, bearer_headers
 from zdmq.client import Client
 from zdmq.config import ClusterConfig
+from zdmq.errors import ZdmqError
 from zdmq.models import AckResult, parse_receipt
 from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
 from zdmq.spark._options import ReadOptions
@@ -87,10 +88,27 @@ class _Nodes:
         )
         self.urls = {n.id: n.url for n in config.nodes}
         self.router = (
-            GroupRouter(group_members(config.node_ids, config.replication))
+            GroupRouter(group_members(config.node_ids, config.replication), nodes=self.urls)
             if config.replication > 1
             else None
         )
+        # The cluster map's epoch the calls route by (cluster.yaml's is 1): a reply that
+        # names a newer one has the map fetched before the call goes on.
+        self.epoch = 1
+
+    async def _follow(self, epoch: int | None, url: str) -> None:
+        if epoch is None or epoch <= self.epoch or self.router is None:
+            return
+        try:
+            view = (await _http.call(self.pool, "GET", url + "/v1/cluster")).json()
+        except ZdmqError:
+            return  # routed as before: 421 hints still lead to the leader
+        self.urls.update({n["id"]: n["url"] for n in view["nodes"]})
+        self.router.members = {
+            g["id"]: (*g["members"], *g.get("learners", ())) for g in view["groups"]
+        }
+        self.router.nodes = frozenset(self.urls)
+        self.epoch = int(view["epoch"])
 
     async def receive(self, node: str, opts: ReadOptions, k: int) -> list[dict[str, Any]]:
         """One lease call of up to `k` messages, served by `node` (its group) only. Sent
@@ -106,9 +124,17 @@ class _Nodes:
         else:
             headers = {**_ROUTE_LOCAL, GROUP_HEADER: node}
 
-            def send(target: str) -> Awaitable[_http.Reply]:
-                url = self.urls[target] + path
-                return _http.call(self.pool, "POST", url, params=params, headers=headers)
+            async def send(target: str) -> _http.Reply:
+                base = self.urls[target]
+                try:
+                    reply = await _http.call(
+                        self.pool, "POST", base + path, params=params, headers=headers
+                    )
+                except ZdmqError as e:
+                    await self._follow(e.epoch, base)
+                    raise
+                await self._follow(_http.reply_epoch(reply), base)
+                return reply
 
             reply = await self.router.call(node, send)
         return list(reply.json()["messages"])
