@@ -36,9 +36,10 @@ from typing import Any
 
 import yaml
 
+from zdmq.cluster_map import ClusterMap, initial_map
 from zdmq.config import ClusterConfig
 from zdmq.logs import parse_ready_line
-from zdmq.routing import group_members
+from zdmq.server.topology import MAP_FILE
 
 __all__ = ["LocalCluster", "NodeProcess"]
 
@@ -241,38 +242,65 @@ class LocalCluster:
         n.wait_ready(timeout_s)
         self.wait_leading(node_id, timeout_s)
 
+    def cluster_map(self, node_id: str) -> ClusterMap:
+        """The cluster map node `node_id` holds, as its data directory keeps it (the
+        map cluster.yaml makes until the node learned a newer one)."""
+        path = self.config.node_data_dir(node_id) / MAP_FILE
+        try:
+            return ClusterMap.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            return initial_map(self.config)
+
     def wait_leading(self, node_id: str, timeout_s: float = 60.0) -> None:
-        """With replication: waits until `node_id` leads its own replica group, when a
-        majority of that group's members runs here (else returns at once)."""
+        """With replication: waits until `node_id` leads the replica groups it is the
+        preferred leader of (by the cluster map it holds), those of them a majority of
+        whose members runs here (returns at once when there are none)."""
         config = self.config
-        if config.replication <= 1 or node_id not in config.node_ids:
+        if config.replication <= 1:
             return
-        members = group_members(config.node_ids, config.replication)[node_id]
-        running = [m for m in members if m in self.nodes and self.nodes[m].running]
-        if 2 * len(running) <= len(members):
-            return
-        url = config.node(node_id).url + "/v1/health"
+        url = self.url(node_id) + "/v1/health"
         ctx = config.client_ssl()
         deadline = time.monotonic() + timeout_s
         seen: object = None  # the last health reply, or why there was none
+        running: list[str] = []
         while True:
+            m = self.cluster_map(node_id)
+            wanted = []
+            for g in m.groups:
+                members = m.members(g)
+                if members[0] != node_id:
+                    continue
+                running = [n for n in members if n in self.nodes and self.nodes[n].running]
+                if 2 * len(running) > len(members):
+                    wanted.append(g)
+            if not wanted:
+                return
             try:
                 with urllib.request.urlopen(url, timeout=5, context=ctx) as r:
                     groups = json.loads(r.read()).get("groups", {})
-                seen = groups.get(node_id)
-                if groups.get(node_id, {}).get("role") == "leader":
+                seen = {g: groups.get(g) for g in wanted}
+                if all(groups.get(g, {}).get("role") == "leader" for g in wanted):
                     return
             except (OSError, ValueError) as e:
                 seen = repr(e)  # not answering yet, or busy: asked again
             if time.monotonic() > deadline:
                 others = "".join(
-                    f"\n--- {m}:\n{self.nodes[m].log_tail()}" for m in running if m != node_id
+                    f"\n--- {n}:\n{self.nodes[n].log_tail()}" for n in running if n != node_id
                 )
                 raise TimeoutError(
-                    f"node {node_id} does not lead its replica group after {timeout_s}s "
-                    f"(its health says {seen}):\n{self.nodes[node_id].log_tail()}{others}"
+                    f"node {node_id} does not lead its replica groups {wanted} after "
+                    f"{timeout_s}s (its health says {seen}):\n{self.nodes[node_id].log_tail()}"
+                    f"{others}"
                 )
             time.sleep(0.05)
+
+    def url(self, node_id: str) -> str:
+        """Where node `node_id` listens (a joined node: once it has started)."""
+        if node_id in self.config.node_ids:
+            return self.config.node(node_id).url
+        url = self.nodes[node_id].url
+        assert url is not None, f"{node_id} has not started"
+        return url
 
     def kill(self, node_id: str) -> None:
         """SIGKILL: no shutdown code runs (a crash)."""
