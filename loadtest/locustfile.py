@@ -59,10 +59,11 @@ from locust.env import Environment
 from locust.runners import WorkerRunner
 
 from zdmq.auth import bearer_headers
+from zdmq.cluster_map import initial_map
 from zdmq.config import ClusterConfig
 from zdmq.hashing import Placement
 from zdmq.models import new_message_ids
-from zdmq.routing import GROUP_HEADER, group_members
+from zdmq.routing import GROUP_HEADER
 
 log = logging.getLogger("zdmq.locust")
 
@@ -126,13 +127,13 @@ class Settings:
             raise ValueError("--zdmq-config (or ZDMQ_CONFIG) is required: the cluster.yaml")
         self.config = ClusterConfig.load(options.zdmq_config)
         self.urls = {n.id: n.url for n in self.config.nodes}
-        self.node_ids = list(self.urls)
+        # The replica groups keys are placed on (fixed when the cluster is made; with one
+        # copy, the nodes) and, with replication above 1, their members (zdmq/routing.py).
+        initial = initial_map(self.config)
+        self.node_ids = list(initial.groups)
         self.placement = Placement(self.node_ids, self.config.partitions, self.config.replication)
-        # Replica groups (zdmq/routing.py) and their members, with replication above 1.
         self.groups = (
-            group_members(self.node_ids, self.config.replication)
-            if self.config.replication > 1
-            else None
+            {g: initial.members(g) for g in initial.groups} if self.config.replication > 1 else None
         )
         self.mix = parse_mix(options.mix)
         if not 0 <= options.message_size <= self.config.limits.max_message_bytes:
@@ -285,7 +286,7 @@ class ZdmqUser(FastHttpUser):
             return True
 
         for _ in range(2 * len(members)):
-            target = self.leaders.get(node, node)
+            target = self.leaders.get(node) or members[0]
             moved.clear()
             result = self.send(name, target, method, path, expect, empty_name, check, kw, redirect)
             if not moved:

@@ -41,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from zdmq import _http
+from zdmq.cluster_map import initial_map
 from zdmq.config import ClusterConfig
 from zdmq.errors import ConfigError, NodeUnavailable, RouteNotFound
 from zdmq.raft.core import Conf
-from zdmq.routing import group_members
 
 __all__ = ["MANIFEST", "GroupBackup", "fetch_backup", "restore_node"]
 
@@ -215,8 +215,9 @@ def restore_node(backup_dir: Path, config: ClusterConfig, node_id: str) -> list[
             "old one away first, with the node stopped)"
         )
     if config.replication > 1:
-        members = group_members(config.node_ids, config.replication)
-        wanted = {g: f"group-{g}.sqlite3" for g, ms in members.items() if node_id in ms}
+        # The groups the node keeps in the layout the cluster was made with.
+        m = initial_map(config)
+        wanted = {g: f"group-{g}.sqlite3" for g in m.groups if node_id in m.members(g)}
     else:
         wanted = {node_id: "zdmq.sqlite3"}
     groups = manifest["groups"]

@@ -131,3 +131,39 @@ async def test_a_dead_node_is_replaced_by_a_new_host_and_its_data_rebuilt(
             got += [m.id for m in batch]
     assert len(got) == len(set(got))
     assert set(got) == set(pushed) | set(more)
+
+
+async def test_a_groups_layout_spreads_replicas_and_leaderships_evenly_as_nodes_join(
+    make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
+) -> None:
+    """With `groups: 12` the keys live in 12 groups whatever the nodes: grown from 4 nodes
+    to 6, each node holds 12 x 3 / 6 = 6 replicas and leads 12 / 6 = 2 groups."""
+    cluster = make_cluster(nodes=4, replication=3, groups=12)
+    queue = unique("groups")
+    async with Client.from_config(cluster.config_path) as client:
+        m = await client.cluster_map()
+        assert [g["id"] for g in m["groups"]] == [f"g{i}" for i in range(12)]
+        await client.create_queue(queue)
+        pushed = await client.push_many(queue, [b"x"] * 600)
+        addresses = {n: cluster.joining(n) for n in ("n5", "n6")}
+        for node, address in addresses.items():
+            cluster.start_node(node)
+            await client.add_node(node, address)
+        grown = await settled(client)
+        assert set(replicas(grown).values()) == {6}, replicas(grown)
+        preferred = [g["members"][0] for g in grown["groups"]]
+        assert sorted(preferred.count(n) for n in cluster.nodes) == [2] * 6, preferred
+
+        async def leaders_balanced() -> bool:
+            led: dict[str, int] = {}
+            for node in cluster.nodes:
+                for g in (await health_groups(http, cluster.url(node))).values():
+                    if g["role"] == "leader":
+                        led[node] = led.get(node, 0) + 1
+            return sorted(led.values()) == [2] * 6
+
+        await wait_until(leaders_balanced, timeout_s=30, what="each node leading 2 groups")
+        got: list[str] = []
+        while batch := await client.pop_many(queue, 100):
+            got += [m.id for m in batch]
+    assert sorted(got) == sorted(pushed)

@@ -191,13 +191,6 @@ def node_main(
         if address is not None:
             config = config.with_joining(node_id, address)
         config.node(node_id)
-        if config.groups is not None:
-            # The map and the planner know the layout (docs/design.md §19); the nodes
-            # place keys by one group per node id still.
-            raise ConfigError(
-                f"groups: {config.groups}: nodes do not place keys by a groups layout yet; "
-                "remove the key to run this cluster with one group per node"
-            )
         run_node(config, node_id, listen_fd=listen_fd, log_format=log_format)
     except ConfigError as e:
         raise exit_error(f"zdmq node: {e}") from None

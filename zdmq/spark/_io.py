@@ -27,10 +27,11 @@ import pyarrow as pa
 from zdmq import _http
 from zdmq.auth import TOKEN_ENV, bearer_headers
 from zdmq.client import Client
+from zdmq.cluster_map import initial_map
 from zdmq.config import ClusterConfig
 from zdmq.errors import ZdmqError
 from zdmq.models import AckResult, parse_receipt
-from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
+from zdmq.routing import GROUP_HEADER, GroupRouter
 from zdmq.spark._options import ReadOptions
 
 __all__ = [
@@ -55,7 +56,18 @@ T = TypeVar("T")
 
 
 def cluster_from(layout: dict[str, Any]) -> ClusterConfig:
-    return ClusterConfig.from_dict({k: v for k, v in layout.items() if k != "token"})
+    return ClusterConfig.from_dict({k: v for k, v in layout.items() if k not in ("token", "map")})
+
+
+def client_of(layout: dict[str, Any]) -> Client:
+    """A client for the layout's cluster: routed by the map the layout carries (a
+    layout read from a node, `urls`), else by its cluster file's."""
+    token = token_of(layout)
+    if "map" in layout:
+        ssl_context = cluster_from(layout).client_ssl()
+        urls = [n["url"] for n in layout["map"]["nodes"]]
+        return Client(urls, token=token, ssl_context=ssl_context)
+    return Client(config=cluster_from(layout), token=token)
 
 
 def with_token(layout: dict[str, Any], token: str | None) -> dict[str, Any]:
@@ -74,27 +86,44 @@ def _run(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
     return loop.run_until_complete(coro)
 
 
+def group_ids(layout: dict[str, Any]) -> list[str]:
+    """The replica groups (with one copy: the nodes) a queue's messages are spread over:
+    fixed when the cluster is made, whatever nodes it has now."""
+    if "map" in layout:
+        return [g["id"] for g in layout["map"]["groups"]]
+    return list(initial_map(cluster_from(layout)).groups)
+
+
+def _members(layout: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    if "map" in layout:
+        return {g["id"]: (*g["members"], *g.get("learners", ())) for g in layout["map"]["groups"]}
+    m = initial_map(cluster_from(layout))
+    return {g: m.members(g) for g in m.groups}
+
+
 class _Nodes:
     """Lease calls to the nodes of a layout, each served by the node (or, with
     replication, the replica group) it names alone: with `replication` above 1 a call
     for group `g` goes to `g`'s leader wherever it is now (zdmq/routing.py: 421 hints,
     the next member when one does not answer)."""
 
-    def __init__(self, config: ClusterConfig, token: str | None) -> None:
+    def __init__(self, layout: dict[str, Any]) -> None:
+        config = cluster_from(layout)
+        token = token_of(layout)
         self.pool = _http.HttpPool(
             timeout_s=config.request_timeout_s + 5.0,
             headers=bearer_headers(token),
             ssl_context=config.client_ssl(),
         )
         self.urls = {n.id: n.url for n in config.nodes}
+        if "map" in layout:
+            self.urls.update({n["id"]: n["url"] for n in layout["map"]["nodes"]})
         self.router = (
-            GroupRouter(group_members(config.node_ids, config.replication), nodes=self.urls)
-            if config.replication > 1
-            else None
+            GroupRouter(_members(layout), nodes=self.urls) if config.replication > 1 else None
         )
         # The cluster map's epoch the calls route by (cluster.yaml's is 1): a reply that
         # names a newer one has the map fetched before the call goes on.
-        self.epoch = 1
+        self.epoch = int(layout["map"]["epoch"]) if "map" in layout else 1
 
     async def _follow(self, epoch: int | None, url: str) -> None:
         if epoch is None or epoch <= self.epoch or self.router is None:
@@ -277,8 +306,7 @@ class NodeLeaser:
         schema: pa.Schema,
         limit: int | None,
     ) -> None:
-        self.config = cluster_from(layout)
-        self.token = token_of(layout)
+        self.layout = layout
         self.node = node
         self.opts = opts
         self.builder = RowBuilder(schema, opts.decode)
@@ -292,7 +320,7 @@ class NodeLeaser:
         return list(self.receipt_of.values())
 
     def batches(self, loop: asyncio.AbstractEventLoop) -> Iterator[pa.RecordBatch]:
-        nodes = _Nodes(self.config, self.token)
+        nodes = _Nodes(self.layout)
         idle_since: float | None = None
         ahead: asyncio.Task[list[dict[str, Any]]] | None = None
         try:
@@ -367,11 +395,11 @@ async def lease_all(
     wanted (up to `inflight` receives of `batch_size` each), so no node starves the others.
     If a node fails, what the others leased is released before the error is raised.
     """
-    config = cluster_from(layout)
-    nodes = _Nodes(config, token_of(layout))
+    nodes = _Nodes(layout)
     builder = RowBuilder(schema, opts.decode)
-    got: dict[str, list[dict[str, Any]]] = {n: [] for n in config.node_ids}
-    active = list(config.node_ids)
+    groups = group_ids(layout)
+    got: dict[str, list[dict[str, Any]]] = {g: [] for g in groups}
+    active = list(groups)
 
     async def node_round(node: str, want: int) -> bool:
         sizes = _sizes(min(want, opts.batch_size * opts.inflight), opts)
@@ -427,7 +455,7 @@ async def _settle(
 ) -> AckResult:
     if not receipts:
         return AckResult(0)
-    async with Client(config=cluster_from(layout), token=token_of(layout)) as c:
+    async with client_of(layout) as c:
         # Slices settled at once: each call makes one request per node, so several
         # slices keep several requests (and group commits) in flight per node.
         slices = [receipts[i : i + _SETTLE_SLICE] for i in range(0, len(receipts), _SETTLE_SLICE)]
@@ -459,7 +487,7 @@ def push_batches(
     try:
 
         async def go() -> None:
-            async with Client(config=cluster_from(layout), token=token_of(layout)) as c:
+            async with client_of(layout) as c:
                 running: set[asyncio.Future[list[str]]] = set()
                 try:
                     await feed(c, running)

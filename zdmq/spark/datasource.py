@@ -60,7 +60,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
-from zdmq.client import Client
 from zdmq.config import ClusterConfig
 from zdmq.spark import _io
 from zdmq.spark._options import (
@@ -127,6 +126,8 @@ async def _discover(urls: list[str], token: str | None) -> dict[str, Any]:
                 "replication": info["replication"],
                 "partitions": info["partitions"],
                 "limits": {k: v for k, v in info.get("limits", {}).items()},
+                # The map the tasks route by: its groups (fixed) and their members now.
+                "map": {k: info[k] for k in ("epoch", "nodes", "groups") if k in info},
             }
         raise ValueError(f"option urls: no node answered at {urls}: {last}")
     finally:
@@ -138,7 +139,7 @@ def check_queue(layout: dict[str, Any], queue: str) -> None:
     of an unknown queue would just look empty)."""
 
     async def go() -> None:
-        async with Client(config=_io.cluster_from(layout), token=_io.token_of(layout)) as c:
+        async with _io.client_of(layout) as c:
             await c.queue_settings(queue)
 
     asyncio.run(go())
@@ -190,7 +191,7 @@ class ZdmqBatchReader(DataSourceReader):
         self.arrow = arrow_schema(schema)
 
     def partitions(self) -> Sequence[InputPartition]:
-        nodes = [n["id"] for n in self.layout["nodes"]]
+        nodes = _io.group_ids(self.layout)
         shares = node_shares(self.opts.max_messages, nodes)
         return [_NodePartition(n, shares[n]) for n in nodes if shares[n] != 0]
 
@@ -259,9 +260,7 @@ class ZdmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # The target: what is visible now. Leasing stops once that many were leased, so a
         # run ends even while producers keep pushing.
         async def visible() -> int:
-            async with Client(
-                config=_io.cluster_from(self.layout), token=_io.token_of(self.layout)
-            ) as c:
+            async with _io.client_of(self.layout) as c:
                 return (await c.stats(self.opts.queue)).visible
 
         self.budget = max(0, asyncio.run(visible()))
@@ -353,9 +352,7 @@ class ZdmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
 
         async def go() -> None:
-            async with Client(
-                config=_io.cluster_from(self.layout), token=_io.token_of(self.layout)
-            ) as c:
+            async with _io.client_of(self.layout) as c:
                 await c.extend(
                     self.opts.queue, [r for h in old for r in h.receipts], self.opts.visibility_s
                 )

@@ -202,13 +202,14 @@ def drain(
     rows_schema = DataType.fromDDL(ddl)
     assert isinstance(rows_schema, StructType)
     tz = spark.conf.get("spark.sql.session.timeZone") or "UTC"
-    shares = node_shares(opts.max_messages, cfg.node_ids)
+    groups = _io.group_ids(layout)
+    shares = node_shares(opts.max_messages, groups)
     # (node, receipts, undecodable) per finished task
     report: Accumulator[list[tuple[str, list[str], int]]] = spark.sparkContext.accumulator(
         [], _Collect()
     )
     task = _DrainTask(layout, shares, opts, arrow_schema(rows_schema, tz), report, transform)
-    n = len(cfg.node_ids)
+    n = len(groups)
     df = spark.range(0, n, 1, n).mapInArrow(task, transform_schema or rows_schema)
     writer = df.write.format(fmt).mode(mode)
     if write_options:

@@ -22,15 +22,16 @@ from zdmq.server.replicas import (
     Member,
 )
 from zdmq.server.routes.common import (
-    CONFIG,
     MEMBER,
     NODE,
+    TOPOLOGY,
     _int_param,
     _json,
     _json_body,
     _node,
     _queue,
 )
+from zdmq.server.topology import Topology
 
 
 def _owner_only(node: Node, queue: str) -> None:
@@ -57,8 +58,8 @@ def _calling_node(request: Request, payload: Any) -> str:
     the cluster, and the one whose credential the call carries (a node speaks only for
     itself). Else 400, before anything is stored."""
     node_id = _field(payload, "node")
-    config = request.app[CONFIG]
-    if node_id not in config.node_ids:
+    topology: Topology = request.app[TOPOLOGY]
+    if node_id not in topology.map.groups:
         raise BadRequest(f"node: {node_id[:100]!r} is not a node of this cluster")
     caller = request.headers.get(NODE_AUTH_HEADER, "").partition(":")[0]
     member: Member | None = request.app[MEMBER]
