@@ -135,12 +135,20 @@ def test_a_bad_config_file_names_the_field_and_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "nodes[0].port" in r.stderr
 
 
-def test_a_node_refuses_a_groups_layout_it_does_not_place_keys_by(tmp_path: Path) -> None:
+def test_a_node_refuses_an_address_for_an_id_the_file_lists(tmp_path: Path) -> None:
+    """--address is for a node that joins a running cluster, not one the file lists."""
     cfg = tmp_path / "cluster.yaml"
     nodes = "".join(f"  - {{id: n{i}, host: 127.0.0.1, port: {7790 + i}}}\n" for i in (1, 2, 3))
     cfg.write_text(f"nodes:\n{nodes}replication: 3\ngroups: 24\ndata_dir: {tmp_path}\n")
-    r = zdmq("node", "--node", "n1", "--config", str(cfg))
-    assert r.returncode != 0 and "groups: 24" in r.stderr and "remove the key" in r.stderr
+    argv = [sys.executable, "-m", "zdmq.server", "--config", str(cfg), "--node", "n1"]
+    r = subprocess.run(
+        [*argv, "--address", "127.0.0.1:7799"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode != 0 and "needs no --address" in r.stderr, r.stderr
+    bad = subprocess.run(
+        [*argv[:-1], "n9", "--address", "nowhere"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode != 0 and "expected host:port" in bad.stderr, bad.stderr
 
 
 def _free_ports(n: int) -> list[int]:
