@@ -57,6 +57,10 @@ async def test_a_node_joins_and_leaves_under_load_and_nothing_is_lost(
         await client.create_queue(queue)
         pushed += await client.push_many(queue, [b"before"] * 500)
         epoch = client.epoch
+        # n5 keeps no group yet: it relays a plain call (curl's) to a group's leader.
+        async with http.post(f"http://{address}/v1/queues/{queue}/messages", data=b"plain") as r:
+            assert r.status == 201, await r.text()
+            pushed.append((await r.json())["id"])
 
         async def producing() -> None:
             while not stop.is_set():

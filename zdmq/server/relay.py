@@ -207,6 +207,14 @@ class Relay:
             if leader != member.id and member.silent(leader):
                 continue
             return g, leader
+        # A node that keeps no group with a live leader (one that has just joined the
+        # cluster, or drained to leave it): a group's leader as the map or a 421 names it.
+        for g, members in member.members.items():
+            if g in member.nodes or not members:
+                continue
+            leader = member.router.hint(g) or members[0]
+            if (g, leader) not in refused and leader != member.id:
+                return g, leader
         return None
 
 

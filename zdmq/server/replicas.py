@@ -561,7 +561,7 @@ class Member:
             ) from None
 
     def not_leader(self, group: str, leader: str | None = None) -> NotLeader:
-        if leader is None and self.raft is not None:
+        if leader is None and self.raft is not None and group in self.nodes:
             leader = self.raft.leader(group)[0]
         where = f"; {leader} leads it" if leader is not None and leader != self.id else ""
         return NotLeader(
