@@ -24,7 +24,10 @@ from tests.fault.test_replicated import CLIENT_TIMEOUT_S, assert_clean
 from tests.fault.workload import Workload, node_urls
 from tests.helpers import unique, wait_until
 from zdmq import Client
+from zdmq.cluster_map import Step
+from zdmq.cluster_plan import plan
 from zdmq.local import LocalCluster
+from zdmq.server.topology import map_of_view
 
 MOVES_TIMEOUT_S = 120.0
 
@@ -37,18 +40,11 @@ def replica_counts(m: dict[str, Any]) -> dict[str, int]:
     return counts
 
 
-async def moves_started(client: Client, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Waits for a move to be under way; returns it."""
-    found: dict[str, Any] = {}
-
-    async def moving() -> bool:
-        current = (await client.moves())["current"]
-        if current is not None:
-            found.update(current)
-        return current is not None
-
-    await wait_until(moving, timeout_s=timeout_s, what="a move under way")
-    return found
+def first_move(m: dict[str, Any], node: str, address: str) -> Step:
+    """The first step the rebalancer takes once `node` is added to `m` (plans are pure
+    functions of the map: the test computes the same one)."""
+    grown = map_of_view(m).with_node(node, address)
+    return plan(grown, grown.staying())[0]
 
 
 async def idle(client: Client, h: History, what: str) -> dict[str, Any]:
@@ -113,15 +109,15 @@ async def grow_and_shrink(cluster: LocalCluster, tmp_path: Path, seed: int) -> N
             addresses = {n: cluster.joining(n) for n in ("n5", "n6")}
             for n in addresses:
                 await asyncio.to_thread(cluster.start_node, n)
-            await client.add_node("n5", addresses["n5"])
-            await moves_started(client)
             driver = await home_leader(client, cluster)
+            await client.add_node("n5", addresses["n5"])  # the first move starts at once
             await nemesis.kill(driver, down_s=2.0)
             await idle(client, h, "grown to 5 nodes")
-            # n6 joins; mid-move, the node a replica leaves is paused.
+            # n6 joins; mid-move, the node the first replica leaves is paused.
+            step = first_move(await client.cluster_map(), "n6", addresses["n6"])
+            assert step.remove is not None
             await client.add_node("n6", addresses["n6"])
-            current = await moves_started(client)
-            await nemesis.pause(current["remove"], paused_s=3.0)
+            await nemesis.pause(step.remove, paused_s=3.0)
             grown = await idle(client, h, "grown to 6 nodes")
             counts = replica_counts(grown)
             assert len(counts) == 6 and sorted(counts.values()) == [2] * 6, counts

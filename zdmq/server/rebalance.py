@@ -109,11 +109,14 @@ class Rebalancer:
             out["entries_per_s"] = round(p.matched / elapsed, 1)
             return out
 
+        # What is left to do, planned from the map now (a leader that has just taken
+        # over has not planned yet, and the map may have changed since the last step).
+        pending = self.pending if m.moving() else len(plan(m, m.staying()))
         return {
             "epoch": m.epoch,
             "leaving": list(m.leaving),
             "current": one(self.current) if self.current is not None else None,
-            "pending_steps": self.pending,
+            "pending_steps": pending,
             "done": [one(p) for p in self.done[-20:]],
             "moves_done": len(self.done),
             "last_error": self.last_error,
