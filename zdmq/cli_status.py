@@ -1,8 +1,13 @@
 """`zdmq status`: the cluster status (`GET /v1/status`, see zdmq/server/status.py) drawn
-in the terminal with rich: the nodes (up or down, health, messages, rates), the replica
-groups as their leaders see them (term, commit index, each follower's lag), the deepest
-queues with their depth on each node, and the message rates with a sparkline of the last
-minute. `--watch` redraws it every second; `--json` prints the endpoint's JSON as it is.
+in the terminal with rich: the cluster map's epoch, the nodes (up or down, health,
+messages, rates), the replica groups as their leaders see them (term, commit index, each
+follower's lag), while replicas move or nodes leave the rebalancer's progress, the
+deepest queues with their depth on each node, and the message rates with a sparkline of
+the last minute. `--watch` redraws it every second; `--json` prints the endpoint's JSON
+as it is.
+
+The moves' progress (`moves_progress`, `render_moves`, `moves_line`) is drawn the same way
+here and by `zdmq cluster moves` and `--wait` (zdmq/cli.py), from `GET /v1/cluster/moves`.
 """
 
 from __future__ import annotations
@@ -10,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
@@ -22,7 +29,16 @@ from zdmq.auth import bearer_headers
 from zdmq.config import ClusterConfig
 from zdmq.errors import ZdmqError
 
-__all__ = ["fetch_status", "render_status", "status_command"]
+__all__ = [
+    "MovesProgress",
+    "fetch_status",
+    "moves_active",
+    "moves_line",
+    "moves_progress",
+    "render_moves",
+    "render_status",
+    "status_command",
+]
 
 STATUS_TIMEOUT_S = 3.0
 SPARK = "▁▂▃▄▅▆▇█"
@@ -71,13 +87,130 @@ def _uptime(s: float | None) -> str:
     return f"{s / 3600:.1f}h"
 
 
+# ---- the rebalancer's moves ----------------------------------------------------------------
+def moves_active(moves: dict[str, Any] | None) -> bool:
+    """Whether the rebalancer has work: a move under way, steps planned, nodes leaving."""
+    if not moves:
+        return False
+    return (
+        moves.get("current") is not None
+        or int(moves.get("pending_steps") or 0) > 0
+        or bool(moves.get("leaving"))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MovesProgress:
+    """What the progress bar shows: `done` of `total` steps (moves done, and the steps
+    still planned, the move under way among them), the time left at the rate of the moves
+    done (None: no move done yet to tell), the move under way in words."""
+
+    done: int
+    total: int
+    eta_s: float | None
+    current: str | None
+    leaving: tuple[str, ...]
+    last_error: str | None
+    epoch: int | None
+
+
+def _duration(s: float) -> str:
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 5400:
+        return f"{s / 60:.0f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def _move_text(cur: dict[str, Any]) -> str:
+    """ "group n2: n1 -> n5, catching n5 up, 1,200 of 3,000 entries (800/s), 4s"."""
+    text = f"group {cur['group']}: {cur.get('remove') or '(none)'} -> {cur.get('add') or '(none)'}"
+    text += f", {cur.get('step', '')}"
+    commit = int(cur.get("commit_index") or 0)
+    if commit:
+        rate = float(cur.get("entries_per_s") or 0.0)
+        text += f", {int(cur.get('matched') or 0):,} of {commit:,} entries ({rate:,.0f}/s)"
+    return text + f", {_duration(float(cur.get('elapsed_s') or 0.0))}"
+
+
+def moves_progress(
+    moves: dict[str, Any], *, base: int = 0, rate: float | None = None
+) -> MovesProgress:
+    """The progress in `moves` (`GET /v1/cluster/moves`): the moves done past `base`
+    (the count when the caller started watching; the rebalancer's own count starts again
+    at 0 on a new home-group leader) against those plus the steps still planned. The time
+    left is the pending steps at `rate` moves a second, or, without one, at the mean time
+    the last moves done took."""
+    done = max(int(moves.get("moves_done") or 0) - base, 0)
+    pending = int(moves.get("pending_steps") or 0)
+    if rate is None:
+        took = [float(p["elapsed_s"]) for p in moves.get("done") or [] if p.get("done")]
+        rate = len(took) / sum(took) if took and sum(took) > 0 else None
+    eta: float | None = 0.0 if not pending else (pending / rate if rate else None)
+    current = moves.get("current")
+    if eta is not None and current is not None:
+        eta = max(eta - float(current.get("elapsed_s") or 0.0), 0.0)
+    return MovesProgress(
+        done=done,
+        total=done + pending,
+        eta_s=eta,
+        current=_move_text(current) if current is not None else None,
+        leaving=tuple(moves.get("leaving") or ()),
+        last_error=moves.get("last_error"),
+        epoch=moves.get("epoch"),
+    )
+
+
+def _left(p: MovesProgress) -> str:
+    if p.total == p.done:
+        return ""
+    return "time left: estimating" if p.eta_s is None else f"about {_duration(p.eta_s)} left"
+
+
+def moves_line(p: MovesProgress, width: int = 30) -> str:
+    """The progress on one line of plain text (for output that is not a terminal)."""
+    frac = p.done / p.total if p.total else 1.0
+    bar = "#" * int(frac * width)
+    line = f"moves [{bar:<{width}}] {p.done}/{p.total}"
+    if left := _left(p):
+        line += f", {left}"
+    if p.current:
+        line += f"; {p.current}"
+    if p.leaving:
+        line += f"; leaving: {', '.join(p.leaving)}"
+    if p.last_error:
+        line += f"; last error: {p.last_error}"
+    return line
+
+
+def render_moves(p: MovesProgress, title: str = "Moves") -> Group:
+    """The progress as rich renderables: a bar, the move under way, the nodes leaving."""
+    bar = Table.grid(padding=(0, 1))
+    for _ in range(3):
+        bar.add_column()
+    bar.add_row(
+        ProgressBar(total=max(p.total, 1), completed=p.done if p.total else 1, width=30),
+        f"{p.done}/{p.total} steps",
+        Text(_left(p), style="dim"),
+    )
+    parts: list[Any] = [Text(title, style="bold"), bar]
+    if p.current:
+        parts.append(Text(f"now: {p.current}"))
+    if p.leaving:
+        parts.append(Text(f"leaving: {', '.join(p.leaving)}", style="yellow"))
+    if p.last_error:
+        parts.append(Text(f"last error: {p.last_error}", style="red"))
+    return Group(*parts)
+
+
 def render_status(status: dict[str, Any]) -> Group:
     """The status as rich tables."""
     nodes = status["nodes"]
     up = sum(1 for n in nodes if n["up"])
+    epoch = f", map epoch {status['epoch']}" if status.get("epoch") is not None else ""
     head = Text.assemble(
         ("zdmq ", "bold"),
-        f"{up} of {len(nodes)} nodes up, replication {status['replication']}, "
+        f"{up} of {len(nodes)} nodes up, replication {status['replication']}{epoch}, "
         f"as {status['node']} sees it",
         style="red" if up < len(nodes) else "",
     )
@@ -105,6 +238,8 @@ def render_status(status: dict[str, Any]) -> Group:
         state = Text(
             str(n["status"]).upper(), style="bold green" if n["status"] == "ok" else "bold yellow"
         )
+        if n.get("leaving"):
+            state.append(" leaving", style="yellow")
         node_table.add_row(
             n["id"],
             n["url"],
@@ -141,6 +276,9 @@ def render_status(status: dict[str, Any]) -> Group:
                 lag_text.append(f"{peer} {behind}", style="red" if behind > 1000 else "")
             group_table.add_row(g, leader, str(s.get("term")), f"{s.get('commit', 0):,}", lag_text)
         parts.append(group_table)
+    moves = status.get("moves")
+    if moves is not None and moves_active(moves):
+        parts.append(render_moves(moves_progress(moves)))
 
     ids = [n["id"] for n in nodes]
     queue_table = Table(title="Queues", title_justify="left")

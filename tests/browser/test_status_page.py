@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,23 @@ def _push(cluster: LocalCluster, queue: str, n: int, *, create: bool = False, **
     # Playwright's sync API runs an event loop in this thread: the client gets its own.
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, go()).result()
+
+
+def _admin(cluster: LocalCluster, call: Callable[[Client], Awaitable[Any]]) -> None:
+    """An admin call of a client (on a thread of its own, as in `_push`)."""
+
+    async def go() -> None:
+        async with Client.from_config(cluster.config_path) as c:
+            await call(c)
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, go()).result()
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def _within(seconds: float, what: str, check: Any) -> float:
@@ -74,6 +93,23 @@ def test_the_page_shows_nodes_queues_and_rates_live_and_a_killed_node_turns_red(
     # ... and the push rate chart has seen it.
     _within(3.0, "the push rate shows", lambda: "push 0/s" not in page.inner_text(".legend"))
     page.screenshot(path=str(tmp_path / "status.png"), full_page=True)
+    # The map's epoch, and no moves section while the rebalancer is idle.
+    assert "map epoch 1" in page.inner_text("#summary")
+    assert page.locator("#moves").is_hidden()
+
+    # A node added that does not run: the rebalancer keeps its moves planned, retrying,
+    # and the page shows them, with a progress bar and the error, until it is removed.
+    _admin(cluster, lambda c: c.add_node("n9", _free_address()))
+    page.wait_for_selector("#moves:not([hidden])", timeout=10_000)
+    page.wait_for_selector('.node.down[data-node="n9"]', timeout=5_000)
+    _within(10, "the moves' error shows", lambda: "last error" in page.inner_text("#moves"))
+    assert page.get_attribute("#moves", "data-done") == "0"
+    assert int(page.get_attribute("#moves", "data-total") or 0) >= 2
+    page.screenshot(path=str(tmp_path / "status-moves.png"), full_page=True)
+    _admin(cluster, lambda c: c.remove_node("n9"))
+    page.wait_for_selector("#moves[hidden]", state="attached", timeout=20_000)
+    _within(5, "n9 leaves the page", lambda: page.locator('.node[data-node="n9"]').count() == 0)
+    assert "map epoch 1" not in page.inner_text("#summary")
 
     cluster.kill("n3")
     took = _within(

@@ -134,9 +134,18 @@ async def test_zdmq_status_json_is_the_endpoints_and_matches_the_queue_stats(
     status = json.loads(r.stdout)
     row = _row(status, q)
     assert row is not None and row["messages"] == 40 and row["depth"] == stats.depth
+    # The cluster map's epoch: the one the client routes by (the map has not changed).
+    assert status["epoch"] == client.epoch == 1
+    # No rebalancer with one copy; with replication, the home group leader's, idle.
+    moves = status["moves"]
+    if status["replication"] == 1:
+        assert moves is None
+    else:
+        assert moves["current"] is None and moves["pending_steps"] == 0
     # The tables: every node OK, and the queue with its depth on each node.
     r = await asyncio.to_thread(_zdmq, "status", "--config", str(cluster4.config_path))
     assert r.returncode == 0 and r.stdout.count(" OK ") == 4, r.stdout
+    assert ", map epoch 1," in r.stdout and "Moves" not in r.stdout
     [line] = [ln for ln in r.stdout.splitlines() if q in ln]
     cells = [c.strip() for c in line.strip("│ ").split("│")]
     ids = cluster4.config.node_ids

@@ -87,3 +87,49 @@ def test_views_merge_rates_second_by_second_and_queues_by_depth() -> None:
     assert [q["messages"] for q in queues] == sorted((q["messages"] for q in queues), reverse=True)
     # A node that listed only its deepest queues makes the count a lower bound.
     assert st._merge_queues([_view(one, [row("a", "n1", 1)], 500)])[2]
+
+
+def test_the_moves_progress_counts_steps_and_reckons_the_time_left() -> None:
+    from zdmq.cli_status import moves_active, moves_line, moves_progress
+
+    done = [
+        {"group": "n1", "add": "n5", "remove": "n2", "done": True, "elapsed_s": 2.0},
+        {"group": "n3", "add": "n5", "remove": "n1", "done": True, "elapsed_s": 4.0},
+    ]
+    current = {
+        "group": "n4",
+        "add": "n5",
+        "remove": "n4",
+        "step": "catching n5 up",
+        "matched": 1200,
+        "commit_index": 3000,
+        "entries_per_s": 800.0,
+        "elapsed_s": 1.0,
+    }
+    moves: dict[str, Any] = {
+        "epoch": 7,
+        "leaving": [],
+        "current": current,
+        "pending_steps": 2,  # the move under way, and one more
+        "done": done,
+        "moves_done": 2,
+        "last_error": None,
+    }
+    assert moves_active(moves)
+    p = moves_progress(moves)
+    # 2 of 4 steps; 2 pending at the mean 3 s a move, less the 1 s the current one ran.
+    assert (p.done, p.total, p.eta_s, p.epoch) == (2, 4, 5.0, 7)
+    assert p.current == "group n4: n4 -> n5, catching n5 up, 1,200 of 3,000 entries (800/s), 1s"
+    # Watching from one move done on, at the rate seen meanwhile (a move in 10 s).
+    p = moves_progress(moves, base=1, rate=0.1)
+    assert (p.done, p.total, p.eta_s) == (1, 3, 19.0)
+    line = moves_line(p)
+    assert line.startswith("moves [##########          ") and "1/3, about 19s left" in line
+    # No move done yet: the time left is not known.
+    fresh = {**moves, "done": [], "moves_done": 0, "current": None}
+    assert moves_progress(fresh).eta_s is None
+    assert "time left: estimating" in moves_line(moves_progress(fresh))
+    idle = {**fresh, "pending_steps": 0}
+    assert not moves_active(idle) and not moves_active(None)
+    assert moves_active({**idle, "leaving": ["n5"]})
+    assert moves_line(moves_progress(idle)) == f"moves [{'#' * 30}] 0/0"

@@ -14,11 +14,14 @@ what a counter moved between two samples is its rate in that second, keyed by th
 second (Unix time) the later sample was taken in, so that rates of different nodes add up
 second by second, and the rates add up to the counts.
 
-`cluster_status` is what any node serves at `GET /v1/status`: every node of cluster.yaml
-asked for its view at once, each with a `NODE_TIMEOUT_S` timeout (a node that does not
-answer in time is reported down, so a dead node shows within a second), the queues merged
-(depth per node or group, the `QUEUES_LISTED` deepest, with the count of the rest) and
-the rates summed.
+`cluster_status` is what any node serves at `GET /v1/status`: every node of the cluster
+map it routes by (cluster.yaml's nodes until the map changes; a node being drained is
+marked `leaving`) asked for its view at once, each with a `NODE_TIMEOUT_S` timeout (a node
+that does not answer in time is reported down, so a dead node shows within a second), the
+queues merged (depth per node or group, the `QUEUES_LISTED` deepest, with the count of the
+rest) and the rates summed; with it the map's epoch and, meanwhile, the rebalancer's
+progress (`moves_view`: what `GET /v1/cluster/moves` shows, from the home group's leader,
+or null when it did not answer in time).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zdmq import _http
@@ -38,6 +41,7 @@ from zdmq.errors import ZdmqError
 
 if TYPE_CHECKING:
     from zdmq.server.node import Node
+    from zdmq.server.rebalance import Rebalancer
     from zdmq.server.replicas import Member
 
 __all__ = [
@@ -47,6 +51,7 @@ __all__ = [
     "RateSampler",
     "cluster_status",
     "local_status",
+    "moves_view",
 ]
 
 #: How many seconds of rates a node keeps (and the status reports).
@@ -133,11 +138,13 @@ def _queues_of(nodes: Iterable[Node]) -> tuple[list[dict[str, Any]], int]:
 
 
 def local_status(
-    node_id: str, node: Node, member: Member | None, sampler: RateSampler
+    node_id: str, node: Node | None, member: Member | None, sampler: RateSampler
 ) -> dict[str, Any]:
-    """This node's own view (see the module's docstring)."""
+    """This node's own view (see the module's docstring). `node`: the node's own state,
+    None on a node that joined the cluster and holds no replica group yet."""
     groups: dict[str, Any] = {}
     if member is None:
+        assert node is not None
         failed = node.storage.failed
         served = [node]
         messages = node.state.stored()
@@ -224,13 +231,50 @@ def _merge_queues(views: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]]
     return ranked[:QUEUES_LISTED], len(ranked), partial
 
 
+MOVES_PATH = "/v1/internal/cluster/moves"
+
+
+async def moves_view(
+    member: Member | None, rebalancer: Rebalancer | None, pool: _http.HttpPool | None
+) -> dict[str, Any] | None:
+    """The rebalancer's progress, as `GET /v1/cluster/moves` shows it: this node's own
+    rebalancer's when it leads the home group, else asked of the member likeliest to lead
+    it, once, within `NODE_TIMEOUT_S`. None when there is none to tell (one copy of each
+    message: no rebalancer) or it could not be had: the status goes on without it."""
+    if member is None or member.raft is None:
+        return None
+    home = member.topology.home
+    try:
+        if member.leads(home):
+            return rebalancer.view() if rebalancer is not None else None
+        candidates = member.router.candidates(home)
+        target = next((n for n in candidates if n != member.id and n in member.urls), None)
+        if target is None or pool is None:
+            return None
+        async with asyncio.timeout(NODE_TIMEOUT_S):
+            reply = await _http.call(
+                pool, "GET", member.urls[target] + MOVES_PATH, timeout_s=NODE_TIMEOUT_S
+            )
+        view = reply.json()
+        return dict(view) if isinstance(view, dict) else None
+    except (ZdmqError, TimeoutError, ValueError, KeyError):
+        return None
+
+
 async def cluster_status(
     config: ClusterConfig,
     self_id: str,
     own: Callable[[], dict[str, Any]],
     pool: _http.HttpPool,
+    *,
+    nodes: Sequence[tuple[str, str]] | None = None,
+    epoch: int | None = None,
+    leaving: Iterable[str] = (),
+    moves: Awaitable[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """Every node's view, merged (see the module's docstring)."""
+    """Every node's view, merged (see the module's docstring): of `nodes` ((id, URL)
+    pairs, cluster.yaml's nodes by default), with the map's `epoch` and the nodes
+    `leaving` it, and what `moves` gives (awaited beside the views)."""
 
     async def view_of(node_id: str, url: str) -> dict[str, Any]:
         if node_id == self_id:
@@ -246,12 +290,22 @@ async def cluster_status(
         except TimeoutError:
             return {"error": {"code": "node_unavailable", "message": "no answer in time"}}
 
+    async def no_moves() -> None:
+        return None
+
+    listed = list(nodes) if nodes is not None else [(n.id, n.url) for n in config.nodes]
+    gone = set(leaving)
     now = time.time()
-    views = await asyncio.gather(*(view_of(n.id, n.url) for n in config.nodes))
-    nodes = []
+    views, moving = await asyncio.gather(
+        asyncio.gather(*(view_of(node_id, url) for node_id, url in listed)),
+        moves if moves is not None else no_moves(),
+    )
+    entries = []
     up_views = []
-    for n, view in zip(config.nodes, views, strict=True):
-        entry: dict[str, Any] = {"id": n.id, "url": n.url, "up": "error" not in view}
+    for (node_id, url), view in zip(listed, views, strict=True):
+        entry: dict[str, Any] = {"id": node_id, "url": url, "up": "error" not in view}
+        if node_id in gone:
+            entry["leaving"] = True
         if entry["up"]:
             up_views.append(view)
             for key in ("status", "detail", "uptime_s", "messages", "groups"):
@@ -263,13 +317,15 @@ async def cluster_status(
         else:
             entry["status"] = "down"
             entry["detail"] = view["error"]["message"]
-        nodes.append(entry)
+        entries.append(entry)
     queues, seen, partial = _merge_queues(up_views)
     return {
         "node": self_id,
         "time": round(now, 3),
+        "epoch": epoch,
         "replication": config.replication,
-        "nodes": nodes,
+        "nodes": entries,
+        "moves": moving,
         "queues": queues,
         "queues_seen": seen,
         "queues_more": seen - len(queues),

@@ -21,6 +21,7 @@ from zdmq.server.replicas import (
     SNAPSHOT_TERM_HEADER,
     Member,
 )
+from zdmq.server.routes.cluster import REBALANCER
 from zdmq.server.routes.common import (
     BACKUPS,
     CONFIG,
@@ -139,17 +140,34 @@ PAGE_FILES = {
 }
 
 
+def _self_id(request: Request) -> str:
+    # A node that joined holds no group at first: it has a Member but no Node yet.
+    member: Member | None = request.app[MEMBER]
+    return member.id if member is not None else request.app[NODE].id
+
+
 def _own_status(request: Request) -> dict[str, Any]:
     return cluster_status.local_status(
-        request.app[NODE].id, request.app[NODE], request.app[MEMBER], request.app[SAMPLER]
+        _self_id(request), request.app[NODE], request.app[MEMBER], request.app[SAMPLER]
     )
 
 
 async def status(request: Request) -> Response:
-    """The whole cluster's status, as this node gathers it (zdmq/server/status.py)."""
+    """The whole cluster's status, as this node gathers it (zdmq/server/status.py): of
+    the nodes of the map it routes by, with the map's epoch and the rebalancer's moves."""
     config = request.app[CONFIG]
+    topology: Topology = request.app[TOPOLOGY]
+    m = topology.map
+    pool = request.app[STATUS_POOL]
     payload = await cluster_status.cluster_status(
-        config, request.app[NODE].id, lambda: _own_status(request), request.app[STATUS_POOL]
+        config,
+        _self_id(request),
+        lambda: _own_status(request),
+        pool,
+        nodes=[(n, topology.url(address)) for n, address in m.nodes.items()],
+        epoch=m.epoch,
+        leaving=m.leaving,
+        moves=cluster_status.moves_view(request.app[MEMBER], request.app[REBALANCER], pool),
     )
     return _json(payload)
 

@@ -41,10 +41,11 @@ function duration(s) {
 function renderNodes(nodes) {
   const box = $("nodes");
   box.replaceChildren(...nodes.map((n) => {
-    const state = !n.up ? "down" : n.status === "ok" ? "up" : "failed";
+    const state = !n.up ? "down" : n.status !== "ok" ? "failed" : n.leaving ? "leaving" : "up";
+    const pill = !n.up ? "down" : n.status !== "ok" ? n.status : n.leaving ? "leaving" : n.status;
     const card = el("div", {class: `node ${state}`, "data-node": n.id, "data-up": String(n.up)},
       el("div", {class: "title"}, el("span", {class: "id"}, n.id),
-        el("span", {class: "pill"}, !n.up ? "down" : n.status)),
+        el("span", {class: "pill"}, pill)),
       el("div", {class: "url"}, n.url));
     if (!n.up || n.status !== "ok") card.append(el("div", {class: "facts bad"}, n.detail || ""));
     if (n.up) {
@@ -140,12 +141,49 @@ function renderQueues(status) {
   $("queue-count").textContent = `(${status.queues_seen} with messages${more})`;
 }
 
+// ---- moves --------------------------------------------------------------------------------
+// The rebalancer's progress (GET /v1/cluster/moves, as `zdmq cluster moves` shows it): the
+// moves done against those plus the steps still planned, the move under way, the time left
+// at the mean time of the last moves done. Shown only while there is work.
+function renderMoves(moves) {
+  const box = $("moves");
+  const active = moves && (moves.current || moves.pending_steps > 0 || (moves.leaving || []).length);
+  box.hidden = !active;
+  if (!active) return;
+  const done = moves.moves_done || 0, pending = moves.pending_steps || 0, total = done + pending;
+  const took = (moves.done || []).filter((p) => p.done).map((p) => p.elapsed_s);
+  const mean = took.length ? took.reduce((a, b) => a + b, 0) / took.length : null;
+  const cur = moves.current;
+  let left = "";
+  if (pending) {
+    left = mean == null ? " · time left: estimating"
+      : ` · about ${duration(Math.max(pending * mean - (cur ? cur.elapsed_s : 0), 0))} left`;
+  }
+  $("moves-summary").textContent = `(${done} of ${total} steps done${left})`;
+  $("moves-fill").style.width = `${total ? (100 * done) / total : 100}%`;
+  box.dataset.done = String(done);
+  box.dataset.total = String(total);
+  let text = "";
+  if (cur) {
+    text = `now: group ${cur.group}: ${cur.remove || "(none)"} → ${cur.add || "(none)"}, ${cur.step}`;
+    if (cur.commit_index) {
+      text += `, ${fmt(cur.matched)} of ${fmt(cur.commit_index)} entries (${fmt(cur.entries_per_s)}/s)`;
+    }
+    text += `, ${duration(cur.elapsed_s)}`;
+  }
+  $("moves-current").textContent = text;
+  $("moves-leaving").textContent = (moves.leaving || []).length ? `leaving: ${moves.leaving.join(", ")}` : "";
+  $("moves-error").textContent = moves.last_error ? `last error: ${moves.last_error}` : "";
+}
+
 // ---- polling ------------------------------------------------------------------------------
 function render(status) {
   const up = status.nodes.filter((n) => n.up).length;
+  const epoch = status.epoch != null ? ` · map epoch ${status.epoch}` : "";
   $("summary").textContent = `${up} of ${status.nodes.length} nodes up · replication ${status.replication}` +
-    ` · served by ${status.node}`;
+    `${epoch} · served by ${status.node}`;
   $("updated").textContent = `updated ${new Date(status.time * 1000).toLocaleTimeString()}`;
+  renderMoves(status.moves);
   renderNodes(status.nodes);
   renderRates(status.rates);
   renderQueues(status);
