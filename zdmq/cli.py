@@ -1,8 +1,9 @@
 """The `zdmq` command: run nodes, inspect the cluster, push and pop, and the demo.
 
 zdmq up      start every node of cluster.yaml on this host; Ctrl-C stops them
-zdmq node    run one node (for a real multi-host deployment)
-zdmq status  the cluster's status: nodes, replica groups, queues, rates (--watch, --json)
+zdmq node    run one node (for a real multi-host deployment; --address: a node that joins)
+zdmq status  the cluster's status: nodes, replica groups, moves, queues, rates (--watch, --json)
+zdmq cluster add-node | remove-node | replace-node | moves | show: change the nodes online
 zdmq queue   create | delete | list | stats
 zdmq push    push a message (argument, file or stdin)
 zdmq pop     pop messages and print them
@@ -75,12 +76,71 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sub.add_parser("up", help="start every node of the cluster file on this host")
     p = sub.add_parser("node", help="run one node")
-    p.add_argument("--node", required=True, help="the node id in the cluster file")
+    p.add_argument(
+        "--node", required=True, help="the node id in the cluster file (a new one with --address)"
+    )
     p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--log-format", choices=LOG_FORMATS, help=LOG_FORMAT_HELP)
-    p = sub.add_parser("status", help="nodes, replica groups, queues and rates")
+    p.add_argument(
+        "--address",
+        metavar="HOST:PORT",
+        help="a node the cluster file does not list: listen here and join the running "
+        "cluster (then add it with `zdmq cluster add-node`)",
+    )
+    p = sub.add_parser("status", help="nodes, replica groups, moves, queues and rates")
     p.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
     p.add_argument("--json", action="store_true", help="print GET /v1/status's JSON")
+
+    p = sub.add_parser(
+        "cluster",
+        help="add, remove or replace nodes online; follow the moves; show the cluster map",
+        description="Changes the cluster's nodes while it runs (an admin token: --token or "
+        "$ZDMQ_TOKEN). A change is recorded in the cluster map, in its home group's log; the "
+        "rebalancer on that group's leader then moves replicas one at a time until the "
+        "groups are balanced. Each change is idempotent: run it again to see where it stands, "
+        "or to go on after a crash. Needs replication 2 or more. Exit codes: 0 done, 1 the "
+        "cluster refused or could not take the call, 2 bad usage.",
+    )
+    csub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    wait_help = (
+        "follow the moves until the rebalancer is idle: a progress bar, the move under way, "
+        "the time left (Ctrl-C stops following; the moves go on)"
+    )
+    c = csub.add_parser(
+        "add-node",
+        parents=[common],
+        help="add a running node (started with `zdmq node --address`); replicas move to it",
+    )
+    c.add_argument("id", metavar="ID", help="the new node's id")
+    c.add_argument("address", metavar="HOST:PORT", help="where the new node listens")
+    c.add_argument("--wait", action="store_true", help=wait_help)
+    c = csub.add_parser(
+        "remove-node",
+        parents=[common],
+        help="drain a node: its replicas move to the others, then it leaves the map",
+    )
+    c.add_argument("id", metavar="ID", help="the node to remove")
+    c.add_argument("--wait", action="store_true", help=wait_help)
+    c = csub.add_parser(
+        "replace-node",
+        parents=[common],
+        help="a new node takes a (dead) node's place; its replicas are rebuilt there",
+    )
+    c.add_argument("old", metavar="OLD", help="the node replaced (it may be dead)")
+    c.add_argument("new", metavar="NEW", help="the new node's id")
+    c.add_argument("address", metavar="HOST:PORT", help="where the new node listens")
+    c.add_argument("--wait", action="store_true", help=wait_help)
+    c = csub.add_parser(
+        "moves", parents=[common], help="the rebalancer's progress: the move under way, those done"
+    )
+    c.add_argument("--json", action="store_true", help="print GET /v1/cluster/moves's JSON")
+    c.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
+    c = csub.add_parser(
+        "show",
+        parents=[common],
+        help="the cluster map: its nodes with their replica and preferred-leader counts, groups",
+    )
+    c.add_argument("--json", action="store_true", help="print the map as JSON, with the counts")
 
     p = sub.add_parser("queue", help="create, delete, list or inspect queues")
     qsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -213,7 +273,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "node":
             from zdmq.server.run import node_main
 
-            node_main(args.config, args.node, listen_fd=args.listen_fd, log_format=args.log_format)
+            node_main(
+                args.config,
+                args.node,
+                listen_fd=args.listen_fd,
+                log_format=args.log_format,
+                address=args.address,
+            )
             return 0
         config = ClusterConfig.load(args.config)
         if args.command == "up":
@@ -476,8 +542,247 @@ async def _backup(config: ClusterConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- cluster ------------------------------------------------------------------------------
+MOVES_POLL_S = 0.5
+#: How long `--wait` rides out calls that fail because the home group's leader changes.
+MOVES_UNAVAILABLE_S = 30.0
+
+
+def _map_counts(m: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per node of the map: the groups it holds a voting replica of, those it is the
+    preferred leader of (its group's first member), those it is catching up in."""
+    counts = {n["id"]: {"replicas": 0, "preferred_leader": 0, "learning": 0} for n in m["nodes"]}
+    for g in m["groups"]:
+        for i, node in enumerate(g["members"]):
+            c = counts.setdefault(node, {"replicas": 0, "preferred_leader": 0, "learning": 0})
+            c["replicas"] += 1
+            if i == 0:
+                c["preferred_leader"] += 1
+        for node in g.get("learners") or ():
+            counts.setdefault(node, {"replicas": 0, "preferred_leader": 0, "learning": 0})
+            counts[node]["learning"] += 1
+    return counts
+
+
+def _show_map(m: dict[str, Any], as_json: bool) -> None:
+    counts = _map_counts(m)
+    leaving = set(m.get("leaving") or ())
+    if as_json:
+        nodes = [{**n, **counts[n["id"]], "leaving": n["id"] in leaving} for n in m["nodes"]]
+        print(json.dumps({**m, "nodes": nodes}, indent=2))
+        return
+    console = _console()
+    console.print(
+        Text.assemble(
+            ("cluster map ", "bold"),
+            f"epoch {m['epoch']}: {len(m['nodes'])} nodes, {len(m['groups'])} replica groups "
+            f"of {m['replication']} copies, {m['partitions']} partitions",
+        )
+    )
+    node_table = Table(title="Nodes", title_justify="left", box=box.SIMPLE)
+    for col in ("node", "address", "replicas", "preferred leader of", "state"):
+        node_table.add_column(
+            col, justify="right" if col in ("replicas", "preferred leader of") else "left"
+        )
+    for n in m["nodes"]:
+        c = counts[n["id"]]
+        state = Text("leaving", style="yellow") if n["id"] in leaving else Text("")
+        if c["learning"]:
+            state.append(f"{' ' if state else ''}catching up in {c['learning']}", style="cyan")
+        node_table.add_row(
+            n["id"], n["address"], str(c["replicas"]), str(c["preferred_leader"]), state
+        )
+    console.print(node_table)
+    groups = Table(title="Replica groups", title_justify="left", box=box.SIMPLE)
+    for col in ("group", "members (preferred leader first)", "learners"):
+        groups.add_column(col)
+    for g in m["groups"]:
+        groups.add_row(g["id"], " ".join(g["members"]), " ".join(g.get("learners") or ()))
+    console.print(groups)
+
+
+def _moves_idle(moves: dict[str, Any]) -> bool:
+    from zdmq.cli_status import moves_active
+
+    return not moves_active(moves)
+
+
+def _moves_view(moves: dict[str, Any], base: int = 0, rate: float | None = None) -> Any:
+    """The moves as rich renderables: the progress, and the moves done lately."""
+    from rich.console import Group
+
+    from zdmq.cli_status import moves_progress, render_moves
+
+    progress = moves_progress(moves, base=base, rate=rate)
+    state = "moving replicas" if not _moves_idle(moves) else "idle"
+    parts: list[Any] = [
+        render_moves(progress, title=f"map epoch {moves.get('epoch')}; rebalancer {state}")
+    ]
+    done = moves.get("done") or []
+    if done:
+        count = int(moves.get("moves_done") or len(done))
+        parts.append(
+            Text(f"{count} move(s) done since this leader of the home group began; the last:")
+        )
+        table = Table(box=box.SIMPLE)
+        for col in ("group", "from", "to", "entries", "took"):
+            table.add_column(col, justify="right" if col in ("entries", "took") else "left")
+        for p in done:
+            table.add_row(
+                p["group"],
+                p.get("remove") or "",
+                p.get("add") or "",
+                f"{int(p.get('commit_index') or 0):,}",
+                f"{float(p.get('elapsed_s') or 0.0):.1f}s",
+            )
+        parts.append(table)
+    return Group(*parts)
+
+
+async def _moves_command(c: Client, args: argparse.Namespace) -> int:
+    from rich.live import Live
+
+    from zdmq.cli_status import moves_line, moves_progress
+
+    moves = await c.moves()
+    if args.json:
+        print(json.dumps(moves, indent=2))
+        return 0
+    console = _console()
+    if not args.watch:
+        console.print(_moves_view(moves))
+        return 0
+    if not sys.stdout.isatty():  # a line each time the progress changes
+        last = None
+        while True:
+            line = moves_line(moves_progress(moves))
+            if line != last:
+                print(line, flush=True)
+                last = line
+            await asyncio.sleep(1.0)
+            moves = await c.moves()
+    with Live(_moves_view(moves), console=console, refresh_per_second=4) as live:
+        while True:
+            await asyncio.sleep(1.0)
+            live.update(_moves_view(await c.moves()))
+
+
+async def _follow_moves(c: Client, base: int, out: TextIO = sys.stderr) -> dict[str, Any]:
+    """`--wait`: polls the moves until the rebalancer is idle (seen twice in a row, so
+    that a change it has not planned yet is not taken for one done), drawing the progress
+    of the moves done since `base` on `out` (rich's live bar on a terminal, else a line
+    each time it changes). The time left is reckoned from the rate of the moves done while
+    it waits. Returns the last view."""
+    from rich.live import Live
+
+    from zdmq.cli_status import moves_line, moves_progress, render_moves
+
+    started = time.monotonic()
+    live: Live | None = None
+    if out.isatty():
+        live = Live(console=Console(file=out), refresh_per_second=4, transient=False)
+        live.start()
+    last_line = None
+    unavailable_since: float | None = None
+    idle_seen = 0
+    try:
+        while True:
+            try:
+                moves = await c.moves()
+                unavailable_since = None
+            except NodeUnavailable:  # the home group is electing: wait for its leader
+                now = time.monotonic()
+                unavailable_since = unavailable_since or now
+                if now - unavailable_since > MOVES_UNAVAILABLE_S:
+                    raise
+                await asyncio.sleep(MOVES_POLL_S)
+                continue
+            if int(moves.get("moves_done") or 0) < base:
+                base = 0  # a new leader of the home group counts its moves from 0
+            done = int(moves.get("moves_done") or 0) - base
+            rate = done / (time.monotonic() - started) if done else None
+            progress = moves_progress(moves, base=base, rate=rate)
+            if live is not None:
+                live.update(render_moves(progress, title="Moving replicas"))
+            else:
+                line = moves_line(progress)
+                if line != last_line:
+                    out.write(line + "\n")
+                    out.flush()
+                    last_line = line
+            idle_seen = idle_seen + 1 if _moves_idle(moves) else 0
+            if idle_seen >= 2:
+                return moves
+            await asyncio.sleep(MOVES_POLL_S)
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _change_said(action: str, args: argparse.Namespace, result: dict[str, Any]) -> str:
+    """What a change did, in words."""
+    epoch, m = result["epoch"], result["map"]
+    in_map = {n["id"]: n["address"] for n in m["nodes"]}
+    leaving = set(m.get("leaving") or ())
+    if action == "add-node":
+        if result["changed"]:
+            return (
+                f"added {args.id} at {args.address}: map epoch {epoch}; replicas move to it "
+                "one at a time"
+            )
+        return f"nothing changed: {args.id} is in the cluster at {in_map[args.id]} (epoch {epoch})"
+    if action == "remove-node":
+        if result["changed"]:
+            return (
+                f"{args.id} is leaving: map epoch {epoch}; its replicas move to the other "
+                "nodes one at a time, then it leaves the map"
+            )
+        where = "is leaving already" if args.id in leaving else "is not in the cluster"
+        return f"nothing changed: {args.id} {where} (epoch {epoch})"
+    if result["changed"]:
+        return (
+            f"{args.new} at {args.address} takes {args.old}'s place: map epoch {epoch}; "
+            f"{args.old}'s replicas are rebuilt on {args.new} one at a time, then {args.old} "
+            "leaves the map"
+        )
+    if args.old not in in_map:
+        return f"nothing changed: {args.old} has left, {args.new} took its place (epoch {epoch})"
+    return f"nothing changed: {args.new} is taking {args.old}'s place already (epoch {epoch})"
+
+
+async def _cluster(config: ClusterConfig, args: argparse.Namespace) -> int:
+    async with Client(config=config, token=args.token) as c:
+        if args.action == "show":
+            _show_map(await c.cluster_map(), args.json)
+            return 0
+        if args.action == "moves":
+            return await _moves_command(c, args)
+        base = int((await c.moves()).get("moves_done") or 0) if args.wait else 0
+        if args.action == "add-node":
+            result = await c.add_node(args.id, args.address)
+        elif args.action == "remove-node":
+            result = await c.remove_node(args.id)
+        else:
+            result = await c.replace_node(args.old, args.new, args.address)
+        print(_change_said(args.action, args, result), flush=True)
+        if not args.wait:
+            return 0
+        started = time.monotonic()
+        moves = await _follow_moves(c, base)
+        done = max(int(moves.get("moves_done") or 0) - base, 0)
+        print(
+            f"the rebalancer is idle: {done} move(s) in {time.monotonic() - started:.1f}s; "
+            f"map epoch {moves.get('epoch')}"
+        )
+        if args.action != "add-node":
+            gone = args.id if args.action == "remove-node" else args.old
+            print(f"{gone} has left the map: it holds no replica and may be stopped")
+    return 0
+
+
 _COMMANDS: dict[str, Callable[[ClusterConfig, argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "status": _status,
+    "cluster": _cluster,
     "backup": _backup,
     "topic": _topic,
     "queue": _queue,
