@@ -171,3 +171,58 @@ async def test_a_groups_layout_spreads_replicas_and_leaderships_evenly_as_nodes_
         while batch := await client.pop_many(queue, 100):
             got += [m.id for m in batch]
     assert sorted(got) == sorted(pushed)
+
+
+async def test_leases_delays_dedup_fifo_order_ties_and_subscriptions_move_with_their_groups(
+    make_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A dead node replaced by a new host: each of its groups is rebuilt from the others,
+    whole. A lease taken before is acked after, a delayed message comes out when due, a
+    dedup id still deduplicates, FIFO groups keep their order, a tie still cancels, a
+    topic still reaches its subscribed queue."""
+    cluster = make_cluster(nodes=4, replication=3)
+    q, fifo, topic, sub = unique("mv"), unique("mvf"), unique("mvt"), unique("mvs")
+    async with Client.from_config(cluster.config_path) as client:
+        await client.create_queue(q, visibility_timeout_s=60)
+        await client.create_queue(fifo, fifo=True)
+        await client.create_topic(topic)
+        await client.subscribe(topic, sub)
+        await client.push_many(q, [b"leased"] * 20)
+        leased = await client.receive(q, max_messages=20)
+        assert len(leased) == 20
+        delayed = await client.push(q, b"later", delay_s=6)
+        deduped = await client.push(q, b"once", dedup_id="the-one")
+        for i in range(30):
+            await client.push(fifo, f"{i % 3}:{i}".encode(), group=f"g{i % 3}")
+        token, copies = await client.push_tied([q, sub], b"tied")
+
+        cluster.kill("n2")  # its host is gone for good
+        cluster.release_port("n2")
+        address = cluster.joining("n6")
+        cluster.start_node("n6")
+        await client.replace_node("n2", "n6", address)
+        await settled(client)
+
+        acked = await client.ack(q, [m.receipt for m in leased])
+        assert acked.done == 20 and acked.ok, acked
+        assert await client.push(q, b"once", dedup_id="the-one") == deduped  # a duplicate
+        assert await client.cancel_tied(token) is None  # no copy delivered yet: cancelled
+        await client.publish(topic, b"published")
+        assert [m.body for m in await client.pop_many(sub, 10)] == [b"published"]
+        seen: dict[str, list[int]] = {}
+        while batch := await client.receive(fifo, max_messages=10):
+            for m in batch:
+                g, i = m.body.decode().split(":")
+                seen.setdefault(g, []).append(int(i))
+            await client.ack(fifo, [m.receipt for m in batch])
+        assert seen == {f"{g}": list(range(g, 30, 3)) for g in range(3)}, seen
+        got: dict[str, bytes] = {}
+
+        async def all_out() -> bool:
+            for m in await client.pop_many(q, 10):
+                got[m.id] = m.body
+            return delayed in got
+
+        await wait_until(all_out, timeout_s=20, what="the delayed message")
+        assert got == {deduped: b"once", delayed: b"later"}, got
+        assert copies[q] not in got
