@@ -3,12 +3,13 @@ and receive.
 
 A 4-node local cluster with `replication: 3` (fsync) stores `--preload` messages of
 `--size` bytes in one queue (they move with their groups); then, on another queue,
-`--pushers` clients push one message at a time and `--receivers` receive and ack, while a fifth node joins (`add_node`, replicas move to it until the load
-is even) and, once the moves are done, leaves again (`remove_node`). Measured per phase
-(before, grow, shrink): the moves and their time, the state bytes the new node received
-(its group files), push throughput, push latency p50 / p99 / max, and the longest wait of
-any push stream for an acknowledgement (a group's cut-over shows there). At the end every
-acknowledged push must have been received (nothing lost) and none twice after its ack.
+`--pushers` clients push one message at a time and `--receivers` receive and ack, while
+a fifth node joins (`add_node`, replicas move to it until the load is even) and, once
+the moves are done, leaves again (`remove_node`). Measured per phase (before, grow,
+shrink): the moves and their time, the state bytes the new node received (its group
+files), push throughput, push latency p50 / p99 / max, and the longest wait of any push
+stream for an acknowledgement (a group's cut-over shows there). At the end every
+acknowledged push must have been received (nothing lost).
 
     python -m zdmq.bench.elastic [--preload 20000] [--size 1024] [--out elastic.json]
 """

@@ -305,22 +305,33 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
             node_metrics.attach(lambda: [n for g, n in m.nodes.items() if m.leads(g)], m)
         else:
             node_metrics.attach(lambda: served, None)
-        for n in served:
+    app[METRICS] = node_metrics
+
+    def node_tasks(n: Node) -> list[asyncio.Task[None]]:
+        """A node (a replica group's, with replication) starts serving here: its metrics,
+        and its monitor (leases, delays, housekeeping) and repair loops."""
+        if node_metrics is not None:
             n.metrics = node_metrics
             n.storage.on_commit = node_metrics.state_commit
-    app[METRICS] = node_metrics
+        started = [asyncio.create_task(n.monitor_loop())]
+        if repair:
+            started.append(asyncio.create_task(n.repair_loop()))
+        return started
+
+    if member is not None:
+        # Also for the groups the node joins as replicas move to it; a group it leaves
+        # stops its tasks.
+        member.on_node = node_tasks
 
     async def startup(app: App) -> None:
         if member is not None:
             await member.start()
             if node_metrics is not None and member.raft is not None:
                 member.raft.on_persist = node_metrics.raft_write
+            member.start_node_tasks()
         else:
             await served[0].start()
-        for n in served:
-            tasks.append(asyncio.create_task(n.monitor_loop()))
-            if repair:
-                tasks.append(asyncio.create_task(n.repair_loop()))
+            tasks.extend(node_tasks(served[0]))
         tasks.append(asyncio.create_task(sampler.run()))
         if member is not None:
             await _learn_map(member)

@@ -41,13 +41,14 @@ log there before the host runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import random
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,6 +181,10 @@ class Member:
         # groups it is in, 421 hints for the others.
         self.router = GroupRouter(self.members, self._leader_of, self.silent, self.urls)
         self._fetching: asyncio.Future[None] | None = None
+        #: Starts the tasks of a group's Node as it serves here (the app's: monitor and
+        #: repair loops, metrics); they are cancelled when the member leaves the group.
+        self.on_node: Callable[[Node], list[asyncio.Task[None]]] | None = None
+        self._node_tasks: dict[str, list[asyncio.Task[None]]] = {}
         self.store: RaftLogStore | None = None
         self.raft: RaftHost | None = None
         #: Per group: snapshots of its state this member began to send (for metrics).
@@ -229,7 +234,24 @@ class Member:
         )
         self.raft.start()
 
+    def start_node_tasks(self) -> None:
+        """Starts the tasks of every group's Node (once started)."""
+        for g, node in self.nodes.items():
+            self._start_tasks(g, node)
+
+    def _start_tasks(self, group: str, node: Node) -> None:
+        if self.on_node is not None and group not in self._node_tasks:
+            self._node_tasks[group] = self.on_node(node)
+
+    async def _stop_tasks(self, group: str) -> None:
+        for task in self._node_tasks.pop(group, []):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def stop(self) -> None:
+        for group in list(self._node_tasks):
+            await self._stop_tasks(group)
         if self.raft is not None:
             await self.raft.stop()
         for node in self.nodes.values():
@@ -519,6 +541,7 @@ class Member:
         self.members[group] = self._in_order(group, conf)
         self.snapshots_sent.setdefault(group, 0)
         self.raft.add_group(group, conf)
+        self._start_tasks(group, node)
 
     async def leave_group(self, group: str) -> None:
         """Stops keeping `group`, whose removal of this member is committed: its Raft log
@@ -526,6 +549,7 @@ class Member:
         node = self.nodes.pop(group, None)
         if node is None or self.raft is None:
             return
+        await self._stop_tasks(group)
         self.raft.remove_group(group)
         self.groups.remove(group)
         await node.stop()

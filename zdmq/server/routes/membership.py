@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zdmq.errors import BadRequest, RouteNotFound
+from zdmq.errors import BadRequest, NotLeader, RouteNotFound
 from zdmq.raft.core import Conf, ConfChange
 from zdmq.server.http import Request, Response
 from zdmq.server.replicas import Member
@@ -37,9 +37,16 @@ def _member(request: Request) -> Member:
 
 
 def _group(request: Request, member: Member) -> str:
+    """The group the call names, which this member keeps; else 421 not_leader (naming
+    the leader this node heard of, if any), so a caller that routes itself goes on to
+    the group's other members (a member the map still names may have left the group)."""
     group = request.match_info["group"]
     if group not in member.nodes:
-        raise RouteNotFound(f"{member.id} keeps no replica group {group[:100]!r}")
+        raise NotLeader(
+            f"{member.id} keeps no replica group {group[:100]!r}",
+            group=group,
+            leader=member.router.hint(group),
+        )
     return group
 
 
