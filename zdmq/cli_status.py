@@ -130,6 +130,13 @@ def _move_text(cur: dict[str, Any]) -> str:
     if commit:
         rate = float(cur.get("entries_per_s") or 0.0)
         text += f", {int(cur.get('matched') or 0):,} of {commit:,} entries ({rate:,.0f}/s)"
+    size = int(cur.get("snapshot_size") or 0)
+    if size:
+        mib, of = int(cur.get("bytes") or 0) / (1 << 20), size / (1 << 20)
+        speed = float(cur.get("bytes_per_s") or 0.0) / (1 << 20)
+        text += f", {mib:,.1f} of {of:,.1f} MiB ({speed:,.1f} MiB/s)"
+    if cur.get("messages"):
+        text += f", {int(cur['messages']):,} messages"
     return text + f", {_duration(float(cur.get('elapsed_s') or 0.0))}"
 
 

@@ -120,6 +120,11 @@ def test_the_moves_progress_counts_steps_and_reckons_the_time_left() -> None:
     # 2 of 4 steps; 2 pending at the mean 3 s a move, less the 1 s the current one ran.
     assert (p.done, p.total, p.eta_s, p.epoch) == (2, 4, 5.0, 7)
     assert p.current == "group n4: n4 -> n5, catching n5 up, 1,200 of 3,000 entries (800/s), 1s"
+    # A snapshot being pulled: its bytes and the messages the new member holds.
+    pulling = {**current, "bytes": 3 << 20, "snapshot_size": 12 << 20, "bytes_per_s": 1 << 20}
+    p = moves_progress({**moves, "current": {**pulling, "messages": 2500}})
+    assert p.current is not None
+    assert "3.0 of 12.0 MiB (1.0 MiB/s), 2,500 messages, 1s" in p.current
     # Watching from one move done on, at the rate seen meanwhile (a move in 10 s).
     p = moves_progress(moves, base=1, rate=0.1)
     assert (p.done, p.total, p.eta_s) == (1, 3, 19.0)

@@ -53,6 +53,11 @@ class MoveProgress:
     #: catches up.
     matched: int = 0
     commit_index: int = 0
+    #: What the new member holds: messages, and the bytes of the group's state it has
+    #: pulled (a snapshot) of `snapshot_size`.
+    messages: int = 0
+    bytes: int = 0
+    snapshot_size: int = 0
     started: float = field(default_factory=time.time)
     finished: float | None = None
     done: bool = False
@@ -62,6 +67,18 @@ async def _view(call: Call, group: str) -> dict[str, Any]:
     view = await call(("group", group), "GET", f"/v1/internal/groups/{group}", None)
     assert isinstance(view, dict)
     return view
+
+
+async def _learner_progress(call: Call, group: str, node: str, progress: MoveProgress) -> None:
+    """What the new member holds so far (best effort: progress only)."""
+    try:
+        view = await call(node, "GET", f"/v1/internal/groups/{group}", None)
+    except ZdmqError:
+        return
+    if isinstance(view, dict):
+        progress.messages = int(view.get("messages", 0))
+        progress.bytes = int(view.get("snapshot_bytes", 0))
+        progress.snapshot_size = int(view.get("snapshot_size", 0))
 
 
 async def run_move(
@@ -107,6 +124,7 @@ async def run_move(
             progress.step = f"catching {change.node} up"
             progress.matched = int(view["match"].get(change.node, 0))
             progress.commit_index = int(view["commit_index"])
+            await _learner_progress(call, group, change.node, progress)
             if progress.matched < progress.commit_index:
                 if time.monotonic() > deadline:
                     raise MoveStuck(

@@ -107,6 +107,7 @@ class Rebalancer:
             elapsed = max((p.finished or time.time()) - p.started, 1e-3)
             out["elapsed_s"] = round(elapsed, 3)
             out["entries_per_s"] = round(p.matched / elapsed, 1)
+            out["bytes_per_s"] = round(p.bytes / elapsed, 1)
             return out
 
         # What is left to do, planned from the map now (a leader that has just taken

@@ -184,6 +184,9 @@ class Member:
         #: Starts the tasks of a group's Node as it serves here (the app's: monitor and
         #: repair loops, metrics); they are cancelled when the member leaves the group.
         self.on_node: Callable[[Node], list[asyncio.Task[None]]] | None = None
+        #: Per group: (bytes of the last snapshot pulled so far, its size) while a
+        #: replica moves here, for the mover's progress.
+        self.pulled: dict[str, tuple[int, int]] = {}
         self._node_tasks: dict[str, list[asyncio.Task[None]]] = {}
         self.store: RaftLogStore | None = None
         self.raft: RaftHost | None = None
@@ -451,6 +454,7 @@ class Member:
                     if not index or not term or (not reply.body and f.tell() < size):
                         raise NodeUnavailable(f"{src} sent an empty piece of its snapshot")
                     await asyncio.to_thread(f.write, reply.body)
+                    self.pulled[group] = (f.tell(), size)
                     if f.tell() >= size:
                         break
                 await asyncio.to_thread(os.fsync, f.fileno())

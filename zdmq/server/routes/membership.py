@@ -85,6 +85,10 @@ def _conf_reply(member: Member, group: str) -> Response:
             "applied_index": host.applied_index(group),
             # As leader: the index each member's log is known to match.
             "match": host.followers(group),
+            # As a member a replica moves to: what it holds, and the snapshot it pulled.
+            "messages": member.nodes[group].state.stored(),
+            "snapshot_bytes": member.pulled.get(group, (0, 0))[0],
+            "snapshot_size": member.pulled.get(group, (0, 0))[1],
         }
     )
 

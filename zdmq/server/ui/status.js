@@ -169,6 +169,13 @@ function renderMoves(moves) {
     if (cur.commit_index) {
       text += `, ${fmt(cur.matched)} of ${fmt(cur.commit_index)} entries (${fmt(cur.entries_per_s)}/s)`;
     }
+    if (cur.snapshot_size) {
+      const mib = (b) => (b / 1048576).toFixed(1);
+      text += `, ${mib(cur.bytes)} of ${mib(cur.snapshot_size)} MiB (${mib(cur.bytes_per_s)} MiB/s)`;
+    }
+    if (cur.messages) {
+      text += `, ${fmt(cur.messages)} messages`;
+    }
     text += `, ${duration(cur.elapsed_s)}`;
   }
   $("moves-current").textContent = text;
