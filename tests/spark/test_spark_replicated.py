@@ -76,3 +76,50 @@ def test_batch_read_with_a_node_down_reads_every_message_from_its_groups_new_lea
     assert set(ids) == pushed
     # The down node's group was read all the same, from its new leader.
     assert victim in {r.node for r in rows}
+
+
+def test_a_read_after_a_node_is_replaced_follows_the_new_map(
+    spark: Any, make_cluster: Callable[..., LocalCluster]
+) -> None:
+    """A job whose layout comes from cluster.yaml, written before a node was replaced by
+    a new host at another address, reads every message: its calls follow the epoch of
+    the replies to the new map. So does a job that reads the map from a node (`urls`)."""
+    cluster = make_cluster(nodes=4, replication=3, request_timeout_s=1.0)
+    q = unique("read-moved")
+    pushed = asyncio.run(_push_all(cluster.config_path, q, 2000))
+
+    def read(option: str, value: str, limit: int) -> list[str]:
+        rows = (
+            spark.read.format("zdmq")
+            .option(option, value)
+            .option("queue", q)
+            .option("max_messages", str(limit))
+            .option("wait_s", "1")
+            .load()
+            .select("id")
+            .collect()
+        )
+        return [r.id for r in rows]
+
+    first = read("config", str(cluster.config_path), 800)
+
+    async def replace() -> None:
+        cluster.kill("n2")
+        cluster.release_port("n2")  # its old address answers nothing now
+        address = cluster.joining("n6")
+        cluster.start_node("n6")
+        async with zdmq.Client.from_config(cluster.config_path) as c:
+            await c.replace_node("n2", "n6", address)
+
+            async def idle() -> bool:
+                m = await c.moves()
+                return m["current"] is None and not m["pending_steps"] and not m["leaving"]
+
+            await wait_until(idle, timeout_s=120, what="n6 in n2's place")
+
+    asyncio.run(replace())
+    second = read("config", str(cluster.config_path), 800)
+    third = read("urls", cluster.url("n6"), 4000)  # the new node; the rest (shares per group)
+    ids = first + second + third
+    assert len(ids) == len(set(ids)), "a message was read twice"
+    assert set(ids) == pushed
