@@ -112,7 +112,10 @@ class Rebalancer:
 
         # What is left to do, planned from the map now (a leader that has just taken
         # over has not planned yet, and the map may have changed since the last step).
-        pending = self.pending if m.moving() else len(plan(m, m.staying()))
+        try:
+            pending = self.pending if m.moving() else len(plan(m, m.staying()))
+        except MapError:  # a map no plan fits (the step says why, in last_error)
+            pending = self.pending
         return {
             "epoch": m.epoch,
             "leaving": list(m.leaving),
