@@ -150,9 +150,16 @@ async def test_a_groups_layout_spreads_replicas_and_leaderships_evenly_as_nodes_
         await client.create_queue(queue)
         pushed = await client.push_many(queue, [b"x"] * 600)
         addresses = {n: cluster.joining(n) for n in ("n5", "n6")}
-        for node, address in addresses.items():
+        for node in addresses:
             cluster.start_node(node)
-            await client.add_node(node, address)
+        # Two admins at once: each change is made from the map it read, the home group
+        # commits them one after the other (a change made from a replaced map is made
+        # again from the new one).
+        before = m["epoch"]
+        results = await asyncio.gather(
+            *(client.add_node(node, address) for node, address in addresses.items())
+        )
+        assert sorted(r["epoch"] for r in results) == [before + 1, before + 2]
         grown = await settled(client)
         assert set(replicas(grown).values()) == {6}, replicas(grown)
         preferred = [g["members"][0] for g in grown["groups"]]
