@@ -1406,8 +1406,8 @@ class RaftHost:
         assert hooks is not None
         pulled, self._pulled = self._pulled, {}
         for gid, snap in pulled.items():
-            core = self._cores[gid]
-            if not core.restore(snap.index, snap.term, snap.src, conf=snap.conf):
+            core = self._cores.get(gid)
+            if core is None or not core.restore(snap.index, snap.term, snap.src, conf=snap.conf):
                 self.counters["snapshots_dropped"] += 1
                 hooks.discard(snap)
                 continue

@@ -266,8 +266,11 @@ class Member:
 
     # ---- the log -----------------------------------------------------------------------
     def _apply(self, group: str, entry: Entry) -> Any:
-        """A committed entry of `group`, applied to this member's copy of its state."""
-        node = self.nodes[group]
+        """A committed entry of `group`, applied to this member's copy of its state (none
+        once this member has left the group: the host drops it at its next round)."""
+        node = self.nodes.get(group)
+        if node is None:
+            return None
         result = None
         data = entry.data
         if data is not None:
@@ -372,7 +375,8 @@ class Member:
                 )
 
     def checkpoint(self, group: str) -> int:
-        return self.nodes[group].storage.checkpoint()
+        node = self.nodes.get(group)
+        return node.storage.checkpoint() if node is not None else 0
 
     async def snapshot_chunk(self, group: str, offset: int, index: int) -> SnapshotChunk:
         """`SNAPSHOT_CHUNK` bytes from `offset` of this member's snapshot of `group` at
@@ -470,7 +474,10 @@ class Member:
         return PulledSnapshot(group, src, index, term, path, conf)
 
     async def install(self, snap: PulledSnapshot) -> None:
-        node = self.nodes[snap.group]
+        node = self.nodes.get(snap.group)
+        if node is None:  # left the group meanwhile
+            self.discard(snap)
+            return
         target = self.data_dir / f"group-{snap.group}.sqlite3"
         await node.storage.close()  # commits, checkpoints and removes its WAL
         for suffix in ("-wal", "-shm", "-journal"):
