@@ -106,7 +106,7 @@ async def test_a_node_joins_and_leaves_under_load_and_nothing_is_lost(
 async def test_a_dead_node_is_replaced_by_a_new_host_and_its_data_rebuilt(
     make_cluster: Callable[..., LocalCluster], http: aiohttp.ClientSession
 ) -> None:
-    cluster = make_cluster(nodes=4, replication=3)
+    cluster = make_cluster(nodes=4, replication=3, repair_interval_s=1.0)
     queue = unique("replace")
     async with Client.from_config(cluster.config_path) as client:
         await client.create_queue(queue)
@@ -129,10 +129,30 @@ async def test_a_dead_node_is_replaced_by_a_new_host_and_its_data_rebuilt(
             return groups.get("n2", {}).get("role") == "leader"
 
         await wait_until(n6_leads_n2, timeout_s=30, what="n6 leading group n2")
-        more = await client.push_many(queue, [b"y"] * 100)
-        got: list[str] = []
-        while batch := await client.pop_many(queue, 100):
-            got += [m.id for m in batch]
+        # n2's old address is never called again: a listener there hears nothing while
+        # the cluster serves pushes and pops through every node.
+        old = cluster.config.node("n2")
+        calls: list[int] = []
+
+        async def heard(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            calls.append(1)
+            writer.close()
+
+        server = await asyncio.start_server(heard, old.host, old.port)
+        try:
+            more = await client.push_many(queue, [b"y"] * 100)
+            for node in ("n1", "n3", "n4"):
+                url = cluster.url(node) + f"/v1/queues/{queue}/messages"
+                async with http.post(url, data=b"plain") as r:
+                    assert r.status == 201
+                    more.append((await r.json())["id"])
+            got: list[str] = []
+            while batch := await client.pop_many(queue, 100):
+                got += [m.id for m in batch]
+            await asyncio.sleep(2.5)  # heartbeats, repair sweeps (each second here)
+        finally:
+            server.close()
+        assert calls == [], "a node or the client called the replaced node's address"
     assert len(got) == len(set(got))
     assert set(got) == set(pushed) | set(more)
 
