@@ -15,6 +15,7 @@ import pytest
 from tests.helpers import unique, wait_until
 from zdmq import BadRequest, Client
 from zdmq.local import LocalCluster
+from zdmq.server.topology import map_of_view
 
 pytestmark = pytest.mark.main_pass_only  # it sets its own layout: 4 nodes, three copies
 
@@ -31,11 +32,8 @@ async def settled(client: Client) -> dict[str, Any]:
 
 
 def replicas(m: dict[str, Any]) -> dict[str, int]:
-    counts = {n["id"]: 0 for n in m["nodes"]}
-    for g in m["groups"]:
-        for node in g["members"]:
-            counts[node] += 1
-    return counts
+    """How many groups each node of the map `m` (`GET /v1/cluster`'s form) is a voter of."""
+    return map_of_view(m).replica_counts()
 
 
 async def health_groups(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:

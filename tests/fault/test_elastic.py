@@ -33,11 +33,7 @@ MOVES_TIMEOUT_S = 120.0
 
 
 def replica_counts(m: dict[str, Any]) -> dict[str, int]:
-    counts = {n["id"]: 0 for n in m["nodes"]}
-    for g in m["groups"]:
-        for node in g["members"]:
-            counts[node] += 1
-    return counts
+    return map_of_view(m).replica_counts()
 
 
 def first_move(m: dict[str, Any], node: str, address: str) -> Step:

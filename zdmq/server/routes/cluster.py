@@ -16,7 +16,7 @@ from zdmq.errors import BadRequest, MapConflict, RouteNotFound
 from zdmq.server.http import Request, Response
 from zdmq.server.rebalance import Rebalancer, map_change
 from zdmq.server.replicas import Member
-from zdmq.server.routes.common import MEMBER, NODE, TOPOLOGY, _json, _json_body
+from zdmq.server.routes.common import MEMBER, NODE, TOPOLOGY, _json, _json_object
 from zdmq.server.topology import Topology
 
 __all__ = [
@@ -45,13 +45,6 @@ def _member(request: Request) -> Member:
             "its nodes (replication must be 2 or more)"
         )
     return member
-
-
-async def _object(request: Request) -> dict[str, Any]:
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
 
 
 def _string(body: dict[str, Any], name: str) -> str:
@@ -96,7 +89,7 @@ def _changed(result: dict[str, Any]) -> Response:
 
 async def add_node(request: Request) -> Response:
     """`POST /v1/cluster/nodes` `{"id": ..., "address": "host:port"}`."""
-    body = await _object(request)
+    body = await _json_object(request)
     change = {"op": "add", "node": _string(body, "id"), "address": _string(body, "address")}
     return _changed(await _on_home(request, "/v1/internal/cluster/changes", change))
 
@@ -109,7 +102,7 @@ async def remove_node(request: Request) -> Response:
 
 async def replace_node(request: Request) -> Response:
     """`POST /v1/cluster/nodes/{node}/replace` `{"id": ..., "address": "host:port"}`."""
-    body = await _object(request)
+    body = await _json_object(request)
     change = {
         "op": "replace",
         "node": request.match_info["node"],
@@ -128,7 +121,7 @@ async def moves(request: Request) -> Response:
 async def internal_change(request: Request) -> Response:
     member = _member(request)
     member._serving(member.topology.home)  # 421 unless it leads the home group
-    body = await _object(request)
+    body = await _json_object(request)
     op = body.get("op")
     node = _string(body, "node")
     address = body.get("address")
@@ -166,7 +159,7 @@ async def internal_moves(request: Request) -> Response:
 async def internal_map(request: Request) -> Response:
     """`POST /v1/internal/cluster` `{"map": ...}`: a newer map, from the home group's
     leader; taken if newer than the one this node holds."""
-    body = await _object(request)
+    body = await _json_object(request)
     try:
         m = ClusterMap.from_dict(body.get("map"))
     except MapError as e:

@@ -135,6 +135,14 @@ async def _json_body(request: Request) -> Any:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
 
 
+async def _json_object(request: Request) -> dict[str, Any]:
+    """The request body, which must be a JSON object (else 400)."""
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
 _FRAME = {"Content-Type": BATCH_CONTENT_TYPE}  # a node's batch frame to another node
 
 

@@ -16,7 +16,7 @@ from zdmq.errors import BadRequest, NotLeader, RouteNotFound
 from zdmq.raft.core import Conf, ConfChange
 from zdmq.server.http import Request, Response
 from zdmq.server.replicas import Member
-from zdmq.server.routes.common import MEMBER, NODE, _json, _json_body
+from zdmq.server.routes.common import MEMBER, NODE, _json, _json_object
 
 __all__ = [
     "change_group",
@@ -48,13 +48,6 @@ def _group(request: Request, member: Member) -> str:
             leader=member.router.hint(group),
         )
     return group
-
-
-async def _object(request: Request) -> dict[str, Any]:
-    body = await _json_body(request)
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
 
 
 def _conf(raw: Any) -> Conf:
@@ -108,7 +101,7 @@ async def change_group(request: Request) -> Response:
     does not apply now: one is under way, a learner not caught up, a member already)."""
     member = _member(request)
     group = _group(request, member)
-    body = await _object(request)
+    body = await _json_object(request)
     kind, node = body.get("change"), body.get("node")
     if kind not in _CHANGES:
         raise BadRequest(f'"change" must be one of {sorted(_CHANGES)}')
@@ -124,7 +117,7 @@ async def transfer_group(request: Request) -> Response:
     that does not lead)."""
     member = _member(request)
     group = _group(request, member)
-    to = (await _object(request)).get("to")
+    to = (await _json_object(request)).get("to")
     if not isinstance(to, str) or not to:
         raise BadRequest('"to" must name a voter of the group')
     member.transfer(group, to)
@@ -137,7 +130,7 @@ async def join_group(request: Request) -> Response:
     catches it up. 200 when it kept the group already."""
     member = _member(request)
     group = request.match_info["group"]
-    body = await _object(request)
+    body = await _json_object(request)
     conf = _conf(body.get("conf"))
     if member.id not in conf.members():
         raise BadRequest(f'"conf" does not name {member.id}')
