@@ -200,7 +200,9 @@ def _create_queues(environment: Environment, **_: Any) -> None:
         return
     s = SETTINGS
     for queue in s.queues:
-        url = f"{s.urls[s.placement.owner(queue)]}/v1/queues/{queue}"
+        owner = s.placement.owner(queue)  # a replica group: its preferred leader's URL
+        node = s.groups[owner][0] if s.groups is not None else owner
+        url = f"{s.urls[node]}/v1/queues/{queue}"
         req = urllib.request.Request(url, data=b"{}", method="PUT", headers={**JSON, **s.auth})
         try:
             with urllib.request.urlopen(req, timeout=10) as reply:
@@ -285,12 +287,13 @@ class ZdmqUser(FastHttpUser):
             r.success()
             return True
 
-        for _ in range(2 * len(members)):
+        for _ in range(2 * len(members) + 2):
             target = self.leaders.get(node) or members[0]
             moved.clear()
             result = self.send(name, target, method, path, expect, empty_name, check, kw, redirect)
             if not moved:
                 return result
+            members = self.s.groups[node]  # a reply may have brought a newer map
             self.leaders[node] = moved[0] if moved[0] in members else _next(members, target)
         self.environment.events.request.fire(
             request_type=method,
@@ -352,7 +355,7 @@ class ZdmqUser(FastHttpUser):
     def metadata(self, queue: str) -> list[str]:
         owner = self.s.placement.owner(queue)
         j = self.call("metadata", owner, "GET", f"/v1/queues/{queue}/metadata", 200)
-        nodes = [e["node"] for e in j["nodes"] if e["node"] in self.s.urls] if j else []
+        nodes = [e["node"] for e in j["nodes"] if e["node"] in self.s.node_ids] if j else []
         self.meta[queue] = (time.monotonic(), list(nodes))
         return nodes
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import zdmq
 from tests.helpers import wait_until
 from zdmq import _http
 from zdmq.errors import ZdmqError
@@ -82,3 +83,38 @@ async def test_zerohop_users_follow_a_dead_nodes_group_to_its_new_leader_without
     # Every user's first call for the dead node's group was refused and moved on.
     assert counts.get("push (moved)", 0) + counts.get("push_batch (moved)", 0) > 0, counts
     assert counts["push"] > 0 and counts["ack"] > 0, counts
+
+
+async def test_zerohop_users_started_from_cluster_yaml_follow_a_grown_clusters_map(
+    make_cluster: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """A groups layout grown from 4 nodes to 6: the new nodes lead groups cluster.yaml
+    does not place on them. Users that start from cluster.yaml take the newer map at
+    the first reply that names its epoch, and reach those leaders without failures."""
+    cluster = make_cluster(nodes=4, replication=3, groups=8)
+    async with zdmq.Client.from_config(cluster.config_path) as c:
+        for node in ("n5", "n6"):
+            address = cluster.joining(node)
+            cluster.start_node(node)
+            await c.add_node(node, address)
+
+        async def idle() -> bool:
+            m = await c.moves()
+            return m["current"] is None and not m["pending_steps"] and not m["leaving"]
+
+        await wait_until(idle, timeout_s=120, what="the moves to n5 and n6")
+        m = await c.cluster_map()
+    assert {g["members"][0] for g in m["groups"]} >= {"n5", "n6"}  # they lead some
+    out = tmp_path / "locust"
+    cmd = [str(LOCUST), "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless"]
+    cmd += ["--only-summary", "-u", "4", "-r", "4", "-t", "5s", "--json-file", str(out)]
+    cmd += ["--zdmq-config", str(cluster.config_path), "--routing", "zerohop"]
+    cmd += ["--mix", "push=2,pop=1,recv_ack=1,push_batch=1", "--batch-size", "20"]
+    run = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    final = json.loads(await asyncio.to_thread(Path(f"{out}.json").read_text))
+    failures = {e["name"]: e["num_failures"] for e in final if e["num_failures"]}
+    assert not failures, f"{failures}\n{run.stderr[-3000:]}"
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"routing by the cluster map of epoch {m['epoch']}" in run.stderr, run.stderr[-3000:]
