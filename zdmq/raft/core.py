@@ -97,6 +97,13 @@ Membership changes (Raft thesis §4.1, with learners as etcd-io/raft has them):
     majority of one intersects any majority of the other.
   * A leader that is not a voter of its configuration replicates and commits without
     counting itself, and steps down once that configuration is committed.
+  * A learner stands for election once when a candidate asks for its vote (so the
+    candidate's configuration, holding a promotion the learner's log lacks, names it a
+    voter) and it refuses because its own log is more up to date. That candidate cannot
+    win without it, and the learner may hold the only copy of the newest entries (those
+    of a leader that reached no other member before going down); the voters of the
+    learner's own configuration elect it or not as any candidate, it commits its log
+    and steps down. Without this, such a group elects no one.
   * The driver gives the core the configuration its state machine held at `applied`
     (it records them as it applies them, and a snapshot carries one: `restore`).
 
@@ -502,6 +509,9 @@ class RaftCore:
         self._matched = 0
         # As follower: the leader's last SNAPSHOT request not yet taken by the driver.
         self._snapshot_request: Message | None = None
+        # A member that may not stand (`_may_stand`) refused a candidate naming it a voter
+        # whose log is behind its own: it stands at its next timeout (`campaign`).
+        self._called = False
         #: Elections this member started (terms it stood as candidate in), for metrics.
         self.elections = 0
         #: Peers whose votes and acknowledgements are not counted (set by the driver).
@@ -702,9 +712,10 @@ class RaftCore:
         """Start an election now (after a PreVote round if PreVote is on)."""
         if self.role is Role.LEADER:
             return
-        if not self._may_stand():
-            # A learner, or a member removed: it never stands, but it timed out: it knows
-            # no leader (so no lease), and votes for a candidate that holds a newer
+        called, self._called = self._called, False
+        if not self._may_stand() and not called:
+            # A learner, or a member removed: it does not stand, but it timed out: it
+            # knows no leader (so no lease), and votes for a candidate that holds a newer
             # configuration naming it a voter.
             self.leader = None
             self._election_elapsed = 0
@@ -908,13 +919,20 @@ class RaftCore:
             or not self._vouches_for(m.index, m.log_term)
         ):
             can_vote = False
-        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+        behind = not self.log.is_up_to_date(m.index, m.log_term)
+        if can_vote and not behind:
             # A granted PreVote answers at the asked-for term, so the candidate counts it.
             self._msgs.append(Message(resp, self.id, m.src, m.term))
             if not pre:
                 self.vote = m.src
                 self._election_elapsed = 0
         else:
+            if behind and not self._may_stand():
+                # The candidate's configuration names this member a voter (it asks for
+                # its vote), and it lacks entries this log holds: it may not win without
+                # this vote, and this member, a learner in its own log, never stands. It
+                # stands once (`campaign`): see `_may_stand`.
+                self._called = True
             self._send(resp, m.src, reject=True)
 
     def _step_follower(self, m: Message) -> None:
