@@ -533,6 +533,12 @@ class RaftCore:
         applied index it was given at)."""
         return self._confs[-1][0]
 
+    @property
+    def committed_conf(self) -> Conf:
+        """The newest configuration this log holds at or below the commit index."""
+        committed = self.log.committed
+        return next((c for i, c in reversed(self._confs) if i <= committed), self._confs[0][1])
+
     def is_voter(self) -> bool:
         return self.id in self._voters
 
@@ -1168,11 +1174,7 @@ class RaftCore:
         not yet committed, may hold the most up-to-date log: it stands, wins on the votes
         of the configuration in use, commits its removal and steps down. Standing is no
         matter of safety, only which votes count is.)"""
-        if self.id in self._voters:
-            return True
-        committed = self.log.committed
-        conf = next((c for i, c in reversed(self._confs) if i <= committed), None)
-        return conf is not None and self.id in conf.voters
+        return self.id in self._voters or self.id in self.committed_conf.voters
 
     def _append(self, entries: Sequence[Entry]) -> None:
         """Appends to the log, and uses the configuration its entries end with: the

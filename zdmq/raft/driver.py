@@ -134,7 +134,7 @@ from zdmq.raft.core import (
     Ready,
     Role,
 )
-from zdmq.raft.identity import LiftReport, report_current
+from zdmq.raft.identity import LiftReport, readded, report_current
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
 from zdmq.raft.storage import Entry, HardState, SnapshotMeta
 
@@ -733,16 +733,17 @@ class RaftHost:
             self._drop_group(gid)
         self._removing.clear()
 
-    def _forget_departed(self, gid: str, conf: Conf) -> None:
+    def _forget_departed(self, gid: str, conf: Conf, readded: frozenset[str] = frozenset()) -> None:
         """A committed configuration of `gid` leaves out the peers that left it: their
         probations there go, and, where they share no other group with this node, their
-        store identities (identity.PeerBook.forget)."""
+        store identities (identity.PeerBook.forget); so do those of `readded`, peers the
+        entries a snapshot stands for removed and added again (identity.readded)."""
         book = self.book
         # (A member replaying its log applies old configurations again: a peer the
         # configuration in use names is no departed one.)
         members = conf.members() | self._cores[gid].conf.members()
         held = {p for g, p in (*book.probation, *book.cleared) if g == gid}
-        for peer in (held | set(book.identities)) - members - {self.node_id}:
+        for peer in ((held | set(book.identities)) - members | readded) - {self.node_id}:
             elsewhere = any(peer in c.members() for g, c in self._confs.items() if g != gid)
             book.forget(gid, peer, last=not elsewhere)
 
@@ -1393,6 +1394,7 @@ class RaftHost:
         pulled, self._pulled = self._pulled, {}
         for gid, snap in pulled.items():
             core = self._cores[gid]
+            before = core.committed_conf
             if not core.restore(snap.index, snap.term, snap.src, conf=snap.conf):
                 self.counters["snapshots_dropped"] += 1
                 hooks.discard(snap)
@@ -1403,7 +1405,7 @@ class RaftHost:
             await asyncio.to_thread(self._logs[gid].restore, SnapshotMeta(snap.index, snap.term))
             # Proposals the snapshot passed over are never applied here: outcome unknown.
             self._end_waits(gid, functools.partial(_at_or_below, snap.index))
-            self._forget_departed(gid, core.conf)
+            self._forget_departed(gid, core.conf, readded(before, core.conf))
             self.counters["snapshots_installed"] += 1
             self.snapshot_installs[gid] += 1
             log.info(

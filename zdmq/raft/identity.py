@@ -149,8 +149,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["LiftReport", "PeerBook", "caught_up", "judge_ack", "report_current"]
+if TYPE_CHECKING:
+    from zdmq.raft.core import Conf
+
+__all__ = ["LiftReport", "PeerBook", "caught_up", "judge_ack", "readded", "report_current"]
 
 
 def caught_up(
@@ -199,6 +203,15 @@ def judge_ack(
     if leading and ack_term == term and commit <= since and acked >= last_index == commit:
         return "nudge"
     return None
+
+
+def readded(before: Conf, after: Conf) -> frozenset[str]:
+    """The peers that a snapshot, installed over a log whose committed configuration
+    was `before`, shows removed and added again: voters of `before` that the snapshot's
+    configuration `after` names learners (a voter becomes a learner no other way). The
+    node forgets them as at their removal (`PeerBook.forget`), which the entries the
+    snapshot stands for would have made it do."""
+    return before.voters & after.learners
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ from zdmq.raft.core import (
     Role,
     next_change,
 )
-from zdmq.raft.identity import LiftReport, PeerBook, report_current
+from zdmq.raft.identity import LiftReport, PeerBook, readded, report_current
 from zdmq.raft.sim_queue import QueueClients, QueueCounts, is_command, replay
 from zdmq.raft.storage import (
     Entry,
@@ -549,14 +549,15 @@ class _Sim:
         n.recover_to = None
         self._log(f"{n.id} leaves the group")
 
-    def _forget_departed(self, n: _Node, conf: Conf) -> None:
+    def _forget_departed(self, n: _Node, conf: Conf, readded: frozenset[str] = frozenset()) -> None:
         """`n` applied `conf` (committed): the peers it leaves out left the group, and
-        their probations there go (`PeerBook.forget`, as the host does)."""
+        their probations there go (`PeerBook.forget`, as the host does); so do those of
+        `readded`, peers a snapshot's entries removed and added again."""
         # (A member replaying its log applies old configurations again: a peer the
         # configuration in use names is no departed one.)
         current = n.core.conf.members() if n.core is not None else frozenset()
         for peer in self.ids:
-            if peer not in conf.members() | current and peer != n.id:
+            if (peer not in conf.members() | current or peer in readded) and peer != n.id:
                 n.book.forget(GROUP, peer, last=True)  # the one group it shares
         if n.core is not None and self.cfg.identity_rule:
             n.core.probation = n.book.on_probation(GROUP, self.ids)
@@ -919,6 +920,7 @@ class _Sim:
         index, term = len(data), data[-1].term
         core = n.core
         assert core is not None
+        before = core.committed_conf
         if not core.restore(index, term, src.id, conf=conf_at(data, self.base_conf)):
             self._log(f"{n.id} has no use for {src.id}'s snapshot at {index}")
             self._check_leader(n)
@@ -936,7 +938,9 @@ class _Sim:
             self._log(f"{n.id} crashes installing the snapshot at {index}")
             return
         n.disk.restore(SnapshotMeta(index, term))  # 2. the log starts after it
-        self._forget_departed(n, conf_at(data, self.base_conf))
+        # A voter of the committed configuration that the snapshot's names a learner was
+        # removed and added again by the entries the snapshot skipped (identity.readded).
+        self._forget_departed(n, core.conf, readded(before, core.conf))
         n.applied = list(data)
         n.machine = replay(data)
         n.checked = max(n.checked, index)
