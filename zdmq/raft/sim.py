@@ -367,7 +367,11 @@ class _Sim:
 
         Not checked (`SimResult.liveness_checked` False) when a probation remains that
         the leader cannot report: one held on a store the leader saw first, having never
-        recorded that peer's old one (zdmq/raft/identity.py, the limit of the reports)."""
+        recorded that peer's old one (zdmq/raft/identity.py, the limit of the reports).
+        A member that still records a voter's old store holds the new one on probation
+        as soon as it hears from it (a follower hears a peer only when that peer stands
+        for election, which may be only once the leader is down): it counts as holding
+        it already."""
         settled = 0
         lead: _Node | None = None
         for _ in range(self.cfg.heal_steps):
@@ -375,7 +379,7 @@ class _Sim:
             lead = next(
                 (n for n in self.nodes.values() if n.core and n.core.role is Role.LEADER), None
             )
-            if lead is not None and not any(n.book.probation for n in self._members()):
+            if lead is not None and not self._held_on_probation():
                 settled += 1
                 if settled > 3 * self.cfg.election_ticks:
                     break
@@ -383,7 +387,7 @@ class _Sim:
                 settled = 0
         else:
             if lead is not None and not lead.book.probation:
-                held = {p for n in self._members() for _, p in n.book.probation}
+                held = self._held_on_probation()
                 if all(lead.book.reportable(GROUP, p) is None for p in held):
                     self._log(f"probations of {sorted(held)} remain that {lead.id} cannot report")
                     return
@@ -414,6 +418,19 @@ class _Sim:
         else:
             self._fail(f"with {old.id} down after healing, the others did not elect and commit")
         old.down_until = self.now
+
+    def _held_on_probation(self) -> set[str]:
+        """The members some member holds on probation, or will once it hears from them:
+        it records another store of theirs than the one they have, and they vote."""
+        members = self._members()
+        held = {p for n in members for _, p in n.book.probation}
+        for n in members:
+            voters = n.core.conf.voters if n.core is not None else frozenset()
+            for o in members:
+                known = n.book.identities.get(o.id)
+                if o is not n and o.id in voters and known not in (None, o.identity):
+                    held.add(o.id)
+        return held
 
     def _step(self) -> None:
         self.now += 1
