@@ -152,6 +152,21 @@ def test_a_learner_stands_when_a_candidate_naming_it_a_voter_lacks_what_it_holds
     assert all(g.applied[i][-1].data == b"after" for i in ("n0", "n2", "n3"))
 
 
+def test_a_new_member_with_an_empty_log_grants_no_vote_not_even_to_an_empty_log() -> None:
+    # On a first boot every member is a voter with an empty log: they elect as usual.
+    voter = RaftCore("n2", [], MemoryStorage(), random.Random(2), store_guard=True, conf=BASE)
+    voter.step(Message(MsgType.VOTE, "n1", "n2", 1, index=0, log_term=0))
+    assert [m.reject for m in voter.ready().messages] == [False]
+    # A learner added to a running group starts empty too, but the group has committed
+    # entries: an empty candidate (a member that lost its disk, its configuration stale
+    # enough to count the learner a voter) must not win on it.
+    conf = Conf(BASE.voters, frozenset({"n3"}))
+    learner = RaftCore("n3", [], MemoryStorage(), random.Random(3), store_guard=True, conf=conf)
+    learner.step(Message(MsgType.PRE_VOTE, "n2", "n3", 1, index=0, log_term=0))
+    learner.step(Message(MsgType.VOTE, "n2", "n3", 1, index=0, log_term=0))
+    assert [m.reject for m in learner.ready().messages] == [True, True]
+
+
 def test_a_learner_is_promoted_only_once_caught_up_and_then_counts() -> None:
     g = grown()
     g.down.add("n3")

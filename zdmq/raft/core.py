@@ -57,7 +57,10 @@ Members whose storage may be new (see zdmq/raft/identity.py for the rule that se
     - a core whose log is empty grants a (pre-)vote only to a candidate whose log is
       empty too. An empty log may be a lost one, and "the candidate is at least as up
       to date as I am" then says nothing. On a cluster's first boot every log is
-      empty, so elections run as usual.
+      empty, so elections run as usual. A core whose log is empty and that is no voter
+      of its configuration grants none: it is a new member of a running group (a
+      learner is added only once something is committed), not a first boot, and two
+      empty logs agreeing there would elect a store that lost the group's log.
     - `proven` (persisted by the driver, with `told`): a store is proven once it has
       held everything up to a commit index its leader made in its own term (or, as
       leader, committed in its term). Until then it keeps in `told` the highest
@@ -921,7 +924,11 @@ class RaftCore:
         resp = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
         if (
             m.src in self.probation
-            or (self.store_guard and m.index > 0 and self.log.last_index() == 0)
+            or (
+                self.store_guard
+                and self.log.last_index() == 0
+                and (m.index > 0 or self.id not in self._voters)
+            )
             or not self._vouches_for(m.index, m.log_term)
         ):
             can_vote = False

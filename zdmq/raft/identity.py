@@ -114,7 +114,10 @@ store and so have nothing recorded for it: followers of a stable leader never ta
 each other):
   * a node whose log is empty grants a vote only to a candidate whose log is empty
     too. In the example above, B refuses C even if C has no identity recorded for B.
-    A first boot still elects, since every log is empty.
+    A first boot still elects, since every log is empty. A node whose log is empty and
+    that is no voter of its configuration (a member just added to a running group, as
+    a learner) grants none: a replaced member whose configuration is stale enough to
+    count it a voter would otherwise win on two empty logs, as on a first boot.
   * `RaftCore.proven` / `told` (kept per group in the store, `raft_self`): a store
     that has not yet held everything up to a commit index its leader made in its own
     term is not proven; meanwhile it remembers the highest commit index (and that
