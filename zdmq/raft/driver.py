@@ -1466,7 +1466,9 @@ class RaftHost:
         if known is not None:
             for gid in shared:
                 self._cores[gid].forget_progress(peer)
-        for gid in replaced:
+        # (Where it learns, the peer is cleared: a probation it was on there since it
+        # voted, before it was removed and added again, goes too.)
+        for gid in (*replaced, *learning):
             core = self._cores[gid]
             core.probation = self.book.on_probation(gid, self.members[gid])
         if replaced:

@@ -743,10 +743,11 @@ class _Sim:
         if known is not None:
             core.forget_progress(peer)
             self._log(f"{n.id} sees {peer} replaced ({identity})")
-        if replaced:
-            if not self.cfg.identity_rule:
-                n.book.lift(GROUP, peer)
-                return
+        if replaced and not self.cfg.identity_rule:
+            n.book.lift(GROUP, peer)
+        elif replaced or learning:
+            # (A learner seen again with another store is cleared: a probation it was
+            # on since it voted, before it was removed and added again, goes too.)
             core.probation = n.book.on_probation(GROUP, self.ids)
 
     def _reports_for(self, n: _Node, dst: str) -> tuple[LiftReport, ...]:
