@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from zdmq.raft.identity import LiftReport, PeerBook, caught_up, judge_ack, report_current
+from zdmq.raft.core import Conf
+from zdmq.raft.identity import (
+    LiftReport,
+    PeerBook,
+    caught_up,
+    judge_ack,
+    readded,
+    report_current,
+)
 
 
 def test_a_first_sighting_records_and_a_new_identity_puts_the_peer_on_probation() -> None:
@@ -52,6 +60,22 @@ def test_a_peer_that_left_a_group_is_forgotten_there_and_everywhere_once_it_shar
     assert book.see("b", "b2", {"g": 9}) == [] and book.identities == {}
     assert book.see("b", "b3", {"g": 9}) == [] and book.probation == {}
     assert book.see("b", "b2", {"g": 9}) == ["g"]
+
+
+def test_a_snapshot_that_names_a_voter_a_learner_shows_it_removed_and_added_again() -> None:
+    # A node whose committed configuration had b and c voting installs a snapshot in
+    # which b learns: its entries removed b and added it again (a voter becomes a learner
+    # no other way). c, a voter in both, may or may not have left meanwhile: not known.
+    before = Conf(frozenset({"a", "b", "c"}), frozenset({"d"}))
+    after = Conf(frozenset({"a", "c", "d"}), frozenset({"b"}))
+    assert readded(before, after) == frozenset({"b"})
+    assert readded(before, before) == frozenset()
+    # Forgotten as at its removal, b's store that joined again is a first sighting.
+    book = PeerBook()
+    book.see("b", "b1", {"g": 1})
+    for peer in readded(before, after):
+        book.forget("g", peer, last=True)
+    assert book.see("b", "b2", {}, learning=["g"]) == [] and book.probation == {}
 
 
 def test_a_probation_lifts_only_for_a_leader_that_committed_in_its_term_since() -> None:

@@ -114,6 +114,59 @@ def test_a_learner_never_stands_for_election() -> None:
         g["n0"].transfer_leadership("n3")
 
 
+def test_a_learner_stands_when_a_candidate_naming_it_a_voter_lacks_what_it_holds() -> None:
+    g = grown()
+    # n0 appends n3's promotion, which only it holds, and uses it: four voters.
+    g.down |= {"n1", "n2", "n3"}
+    g["n0"].propose_conf(ConfChange("promote", "n3"))
+    g.deliver()
+    assert g["n0"].conf.voters == {"n0", "n1", "n2", "n3"}
+    # n1 leads the next term on n2's vote; its empty entry reaches the learner n3 only.
+    g.down = {"n0"}
+    for i in ("n1", "n2"):
+        g.restart(i)  # they know no leader (no lease to keep them from voting)
+    g["n1"].campaign()
+    g.deliver(keep=lambda m: m.type.name.startswith(("VOTE", "PRE_VOTE")) or m.dst == "n3")
+    assert g["n1"].role is Role.LEADER
+    assert g["n3"].log.last_term() == g["n1"].term > g["n0"].log.last_term()
+    # n1 goes. n0 needs n3's vote (three of four), which n3 refuses: its log is ahead.
+    # n2 needs n0's, which n0 refuses: n0's log is ahead of n2's.
+    g.down = {"n1"}
+    for i in ("n0", "n2", "n3"):
+        g.restart(i)
+    g["n0"].campaign()
+    g.deliver()
+    assert g["n0"].role is not Role.LEADER
+    # Asked by a candidate that names it a voter and lacks what it holds, the learner
+    # stands: it wins on n0's and n2's votes, commits its log without counting itself,
+    # and steps down; its log overwrote n0's uncommitted promotion.
+    g.tick("n3", 2 * g["n3"].election_ticks)
+    g.deliver()
+    assert g["n3"].role is Role.FOLLOWER and g["n3"].log.committed == g["n3"].log.last_index()
+    assert all(g[i].conf == Conf(BASE.voters, frozenset({"n3"})) for i in ("n0", "n2", "n3"))
+    lead = g.elect_any()
+    assert lead in ("n0", "n2")
+    g[lead].propose(b"after")
+    g.deliver()
+    g.tick_all(2)
+    assert all(g.applied[i][-1].data == b"after" for i in ("n0", "n2", "n3"))
+
+
+def test_a_new_member_with_an_empty_log_grants_no_vote_not_even_to_an_empty_log() -> None:
+    # On a first boot every member is a voter with an empty log: they elect as usual.
+    voter = RaftCore("n2", [], MemoryStorage(), random.Random(2), store_guard=True, conf=BASE)
+    voter.step(Message(MsgType.VOTE, "n1", "n2", 1, index=0, log_term=0))
+    assert [m.reject for m in voter.ready().messages] == [False]
+    # A learner added to a running group starts empty too, but the group has committed
+    # entries: an empty candidate (a member that lost its disk, its configuration stale
+    # enough to count the learner a voter) must not win on it.
+    conf = Conf(BASE.voters, frozenset({"n3"}))
+    learner = RaftCore("n3", [], MemoryStorage(), random.Random(3), store_guard=True, conf=conf)
+    learner.step(Message(MsgType.PRE_VOTE, "n2", "n3", 1, index=0, log_term=0))
+    learner.step(Message(MsgType.VOTE, "n2", "n3", 1, index=0, log_term=0))
+    assert [m.reject for m in learner.ready().messages] == [True, True]
+
+
 def test_a_learner_is_promoted_only_once_caught_up_and_then_counts() -> None:
     g = grown()
     g.down.add("n3")

@@ -57,7 +57,10 @@ Members whose storage may be new (see zdmq/raft/identity.py for the rule that se
     - a core whose log is empty grants a (pre-)vote only to a candidate whose log is
       empty too. An empty log may be a lost one, and "the candidate is at least as up
       to date as I am" then says nothing. On a cluster's first boot every log is
-      empty, so elections run as usual.
+      empty, so elections run as usual. A core whose log is empty and that is no voter
+      of its configuration grants none: it is a new member of a running group (a
+      learner is added only once something is committed), not a first boot, and two
+      empty logs agreeing there would elect a store that lost the group's log.
     - `proven` (persisted by the driver, with `told`): a store is proven once it has
       held everything up to a commit index its leader made in its own term (or, as
       leader, committed in its term). Until then it keeps in `told` the highest
@@ -97,6 +100,13 @@ Membership changes (Raft thesis §4.1, with learners as etcd-io/raft has them):
     majority of one intersects any majority of the other.
   * A leader that is not a voter of its configuration replicates and commits without
     counting itself, and steps down once that configuration is committed.
+  * A learner stands for election once when a candidate asks for its vote (so the
+    candidate's configuration, holding a promotion the learner's log lacks, names it a
+    voter) and it refuses because its own log is more up to date. That candidate cannot
+    win without it, and the learner may hold the only copy of the newest entries (those
+    of a leader that reached no other member before going down); the voters of the
+    learner's own configuration elect it or not as any candidate, it commits its log
+    and steps down. Without this, such a group elects no one.
   * The driver gives the core the configuration its state machine held at `applied`
     (it records them as it applies them, and a snapshot carries one: `restore`).
 
@@ -502,6 +512,9 @@ class RaftCore:
         self._matched = 0
         # As follower: the leader's last SNAPSHOT request not yet taken by the driver.
         self._snapshot_request: Message | None = None
+        # A member that may not stand (`_may_stand`) refused a candidate naming it a voter
+        # whose log is behind its own: it stands at its next timeout (`campaign`).
+        self._called = False
         #: Elections this member started (terms it stood as candidate in), for metrics.
         self.elections = 0
         #: Peers whose votes and acknowledgements are not counted (set by the driver).
@@ -522,6 +535,12 @@ class RaftCore:
         """The index of the entry that made `conf` the configuration (or at most the
         applied index it was given at)."""
         return self._confs[-1][0]
+
+    @property
+    def committed_conf(self) -> Conf:
+        """The newest configuration this log holds at or below the commit index."""
+        committed = self.log.committed
+        return next((c for i, c in reversed(self._confs) if i <= committed), self._confs[0][1])
 
     def is_voter(self) -> bool:
         return self.id in self._voters
@@ -702,9 +721,10 @@ class RaftCore:
         """Start an election now (after a PreVote round if PreVote is on)."""
         if self.role is Role.LEADER:
             return
-        if not self._may_stand():
-            # A learner, or a member removed: it never stands, but it timed out: it knows
-            # no leader (so no lease), and votes for a candidate that holds a newer
+        called, self._called = self._called, False
+        if not self._may_stand() and not called:
+            # A learner, or a member removed: it does not stand, but it timed out: it
+            # knows no leader (so no lease), and votes for a candidate that holds a newer
             # configuration naming it a voter.
             self.leader = None
             self._election_elapsed = 0
@@ -904,17 +924,28 @@ class RaftCore:
         resp = MsgType.PRE_VOTE_RESP if pre else MsgType.VOTE_RESP
         if (
             m.src in self.probation
-            or (self.store_guard and m.index > 0 and self.log.last_index() == 0)
+            or (
+                self.store_guard
+                and self.log.last_index() == 0
+                and (m.index > 0 or self.id not in self._voters)
+            )
             or not self._vouches_for(m.index, m.log_term)
         ):
             can_vote = False
-        if can_vote and self.log.is_up_to_date(m.index, m.log_term):
+        behind = not self.log.is_up_to_date(m.index, m.log_term)
+        if can_vote and not behind:
             # A granted PreVote answers at the asked-for term, so the candidate counts it.
             self._msgs.append(Message(resp, self.id, m.src, m.term))
             if not pre:
                 self.vote = m.src
                 self._election_elapsed = 0
         else:
+            if behind and not self._may_stand():
+                # The candidate's configuration names this member a voter (it asks for
+                # its vote), and it lacks entries this log holds: it may not win without
+                # this vote, and this member, a learner in its own log, never stands. It
+                # stands once (`campaign`): see `_may_stand`.
+                self._called = True
             self._send(resp, m.src, reject=True)
 
     def _step_follower(self, m: Message) -> None:
@@ -1150,11 +1181,7 @@ class RaftCore:
         not yet committed, may hold the most up-to-date log: it stands, wins on the votes
         of the configuration in use, commits its removal and steps down. Standing is no
         matter of safety, only which votes count is.)"""
-        if self.id in self._voters:
-            return True
-        committed = self.log.committed
-        conf = next((c for i, c in reversed(self._confs) if i <= committed), None)
-        return conf is not None and self.id in conf.voters
+        return self.id in self._voters or self.id in self.committed_conf.voters
 
     def _append(self, entries: Sequence[Entry]) -> None:
         """Appends to the log, and uses the configuration its entries end with: the

@@ -134,7 +134,7 @@ from zdmq.raft.core import (
     Ready,
     Role,
 )
-from zdmq.raft.identity import LiftReport, report_current
+from zdmq.raft.identity import LiftReport, readded, report_current
 from zdmq.raft.sqlite_storage import GroupLog, RaftLogStore
 from zdmq.raft.storage import Entry, HardState, SnapshotMeta
 
@@ -747,16 +747,17 @@ class RaftHost:
             self._drop_group(gid)
         self._removing.clear()
 
-    def _forget_departed(self, gid: str, conf: Conf) -> None:
+    def _forget_departed(self, gid: str, conf: Conf, readded: frozenset[str] = frozenset()) -> None:
         """A committed configuration of `gid` leaves out the peers that left it: their
         probations there go, and, where they share no other group with this node, their
-        store identities (identity.PeerBook.forget)."""
+        store identities (identity.PeerBook.forget); so do those of `readded`, peers the
+        entries a snapshot stands for removed and added again (identity.readded)."""
         book = self.book
         # (A member replaying its log applies old configurations again: a peer the
         # configuration in use names is no departed one.)
         members = conf.members() | self._cores[gid].conf.members()
         held = {p for g, p in (*book.probation, *book.cleared) if g == gid}
-        for peer in (held | set(book.identities)) - members - {self.node_id}:
+        for peer in ((held | set(book.identities)) - members | readded) - {self.node_id}:
             elsewhere = any(peer in c.members() for g, c in self._confs.items() if g != gid)
             book.forget(gid, peer, last=not elsewhere)
 
@@ -1406,7 +1407,8 @@ class RaftHost:
         assert hooks is not None
         pulled, self._pulled = self._pulled, {}
         for gid, snap in pulled.items():
-            core = self._cores.get(gid)
+            core = self._cores.get(gid)  # None: the group was removed meanwhile
+            before = core.committed_conf if core is not None else Conf(frozenset())
             if core is None or not core.restore(snap.index, snap.term, snap.src, conf=snap.conf):
                 self.counters["snapshots_dropped"] += 1
                 hooks.discard(snap)
@@ -1417,7 +1419,7 @@ class RaftHost:
             await asyncio.to_thread(self._logs[gid].restore, SnapshotMeta(snap.index, snap.term))
             # Proposals the snapshot passed over are never applied here: outcome unknown.
             self._end_waits(gid, functools.partial(_at_or_below, snap.index))
-            self._forget_departed(gid, core.conf)
+            self._forget_departed(gid, core.conf, readded(before, core.conf))
             self.counters["snapshots_installed"] += 1
             self.snapshot_installs[gid] += 1
             log.info(
@@ -1478,7 +1480,9 @@ class RaftHost:
         if known is not None:
             for gid in shared:
                 self._cores[gid].forget_progress(peer)
-        for gid in replaced:
+        # (Where it learns, the peer is cleared: a probation it was on there since it
+        # voted, before it was removed and added again, goes too.)
+        for gid in (*replaced, *learning):
             core = self._cores[gid]
             core.probation = self.book.on_probation(gid, self.members[gid])
         if replaced:

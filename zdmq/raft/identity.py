@@ -114,7 +114,10 @@ store and so have nothing recorded for it: followers of a stable leader never ta
 each other):
   * a node whose log is empty grants a vote only to a candidate whose log is empty
     too. In the example above, B refuses C even if C has no identity recorded for B.
-    A first boot still elects, since every log is empty.
+    A first boot still elects, since every log is empty. A node whose log is empty and
+    that is no voter of its configuration (a member just added to a running group, as
+    a learner) grants none: a replaced member whose configuration is stale enough to
+    count it a voter would otherwise win on two empty logs, as on a first boot.
   * `RaftCore.proven` / `told` (kept per group in the store, `raft_self`): a store
     that has not yet held everything up to a commit index its leader made in its own
     term is not proven; meanwhile it remembers the highest commit index (and that
@@ -149,8 +152,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["LiftReport", "PeerBook", "caught_up", "judge_ack", "report_current"]
+if TYPE_CHECKING:
+    from zdmq.raft.core import Conf
+
+__all__ = ["LiftReport", "PeerBook", "caught_up", "judge_ack", "readded", "report_current"]
 
 
 def caught_up(
@@ -199,6 +206,15 @@ def judge_ack(
     if leading and ack_term == term and commit <= since and acked >= last_index == commit:
         return "nudge"
     return None
+
+
+def readded(before: Conf, after: Conf) -> frozenset[str]:
+    """The peers that a snapshot, installed over a log whose committed configuration
+    was `before`, shows removed and added again: voters of `before` that the snapshot's
+    configuration `after` names learners (a voter becomes a learner no other way). The
+    node forgets them as at their removal (`PeerBook.forget`), which the entries the
+    snapshot stands for would have made it do."""
+    return before.voters & after.learners
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ from zdmq.raft.core import (
     Role,
     next_change,
 )
-from zdmq.raft.identity import LiftReport, PeerBook, report_current
+from zdmq.raft.identity import LiftReport, PeerBook, readded, report_current
 from zdmq.raft.sim_queue import QueueClients, QueueCounts, is_command, replay
 from zdmq.raft.storage import (
     Entry,
@@ -367,7 +367,11 @@ class _Sim:
 
         Not checked (`SimResult.liveness_checked` False) when a probation remains that
         the leader cannot report: one held on a store the leader saw first, having never
-        recorded that peer's old one (zdmq/raft/identity.py, the limit of the reports)."""
+        recorded that peer's old one (zdmq/raft/identity.py, the limit of the reports).
+        A member that still records a voter's old store holds the new one on probation
+        as soon as it hears from it (a follower hears a peer only when that peer stands
+        for election, which may be only once the leader is down): it counts as holding
+        it already."""
         settled = 0
         lead: _Node | None = None
         for _ in range(self.cfg.heal_steps):
@@ -375,7 +379,7 @@ class _Sim:
             lead = next(
                 (n for n in self.nodes.values() if n.core and n.core.role is Role.LEADER), None
             )
-            if lead is not None and not any(n.book.probation for n in self._members()):
+            if lead is not None and not self._held_on_probation():
                 settled += 1
                 if settled > 3 * self.cfg.election_ticks:
                     break
@@ -383,7 +387,7 @@ class _Sim:
                 settled = 0
         else:
             if lead is not None and not lead.book.probation:
-                held = {p for n in self._members() for _, p in n.book.probation}
+                held = self._held_on_probation()
                 if all(lead.book.reportable(GROUP, p) is None for p in held):
                     self._log(f"probations of {sorted(held)} remain that {lead.id} cannot report")
                     return
@@ -414,6 +418,19 @@ class _Sim:
         else:
             self._fail(f"with {old.id} down after healing, the others did not elect and commit")
         old.down_until = self.now
+
+    def _held_on_probation(self) -> set[str]:
+        """The members some member holds on probation, or will once it hears from them:
+        it records another store of theirs than the one they have, and they vote."""
+        members = self._members()
+        held = {p for n in members for _, p in n.book.probation}
+        for n in members:
+            voters = n.core.conf.voters if n.core is not None else frozenset()
+            for o in members:
+                known = n.book.identities.get(o.id)
+                if o is not n and o.id in voters and known not in (None, o.identity):
+                    held.add(o.id)
+        return held
 
     def _step(self) -> None:
         self.now += 1
@@ -549,14 +566,15 @@ class _Sim:
         n.recover_to = None
         self._log(f"{n.id} leaves the group")
 
-    def _forget_departed(self, n: _Node, conf: Conf) -> None:
+    def _forget_departed(self, n: _Node, conf: Conf, readded: frozenset[str] = frozenset()) -> None:
         """`n` applied `conf` (committed): the peers it leaves out left the group, and
-        their probations there go (`PeerBook.forget`, as the host does)."""
+        their probations there go (`PeerBook.forget`, as the host does); so do those of
+        `readded`, peers a snapshot's entries removed and added again."""
         # (A member replaying its log applies old configurations again: a peer the
         # configuration in use names is no departed one.)
         current = n.core.conf.members() if n.core is not None else frozenset()
         for peer in self.ids:
-            if peer not in conf.members() | current and peer != n.id:
+            if (peer not in conf.members() | current or peer in readded) and peer != n.id:
                 n.book.forget(GROUP, peer, last=True)  # the one group it shares
         if n.core is not None and self.cfg.identity_rule:
             n.core.probation = n.book.on_probation(GROUP, self.ids)
@@ -725,10 +743,11 @@ class _Sim:
         if known is not None:
             core.forget_progress(peer)
             self._log(f"{n.id} sees {peer} replaced ({identity})")
-        if replaced:
-            if not self.cfg.identity_rule:
-                n.book.lift(GROUP, peer)
-                return
+        if replaced and not self.cfg.identity_rule:
+            n.book.lift(GROUP, peer)
+        elif replaced or learning:
+            # (A learner seen again with another store is cleared: a probation it was
+            # on since it voted, before it was removed and added again, goes too.)
             core.probation = n.book.on_probation(GROUP, self.ids)
 
     def _reports_for(self, n: _Node, dst: str) -> tuple[LiftReport, ...]:
@@ -919,6 +938,7 @@ class _Sim:
         index, term = len(data), data[-1].term
         core = n.core
         assert core is not None
+        before = core.committed_conf
         if not core.restore(index, term, src.id, conf=conf_at(data, self.base_conf)):
             self._log(f"{n.id} has no use for {src.id}'s snapshot at {index}")
             self._check_leader(n)
@@ -936,7 +956,9 @@ class _Sim:
             self._log(f"{n.id} crashes installing the snapshot at {index}")
             return
         n.disk.restore(SnapshotMeta(index, term))  # 2. the log starts after it
-        self._forget_departed(n, conf_at(data, self.base_conf))
+        # A voter of the committed configuration that the snapshot's names a learner was
+        # removed and added again by the entries the snapshot skipped (identity.readded).
+        self._forget_departed(n, core.conf, readded(before, core.conf))
         n.applied = list(data)
         n.machine = replay(data)
         n.checked = max(n.checked, index)
