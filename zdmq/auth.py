@@ -29,7 +29,7 @@ import hmac
 import os
 import secrets
 import time
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 from pathlib import Path
 
 from zdmq.config import ClientToken, ClusterConfig
@@ -160,13 +160,21 @@ class NodeSigner:
 class NodeVerifier:
     """Checks a `zdmq-node-auth` value; returns the calling node's id."""
 
-    __slots__ = ("_key", "_nodes")
+    __slots__ = ("_key", "_nodes", "_unknown")
 
-    def __init__(self, secret: bytes, node_ids: Container[str]) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        node_ids: Container[str],
+        on_unknown: Callable[[str], None] | None = None,
+    ) -> None:
         """`node_ids`: the nodes whose calls it takes (a container the caller may change
-        as nodes join)."""
+        as nodes join). `on_unknown(node)`: told of a call signed with the cluster's
+        secret by a node `node_ids` does not hold (yet): one added to the cluster after
+        this node last learned its map, which it may then learn."""
         self._key = secret
         self._nodes = node_ids
+        self._unknown = on_unknown
 
     def verify(
         self, value: str, method: str, target: str, body: bytes, *, any_node: bool = False
@@ -175,7 +183,8 @@ class NodeVerifier:
         cluster asks for its map before any other node knows it)."""
         node_id, _, rest = value.partition(":")
         ts, _, mac = rest.partition(":")
-        if node_id not in self._nodes and not (any_node and node_id):
+        known = node_id in self._nodes or (any_node and bool(node_id))
+        if not known and self._unknown is None:
             raise Unauthorized("node credential: not a node of this cluster")
         if not (ts.isascii() and ts.isdigit()) or abs(time.time() - int(ts)) > MAX_SKEW_S:
             raise Unauthorized(
@@ -185,6 +194,10 @@ class NodeVerifier:
         want = _mac(self._key, node_id.encode(), ts.encode(), start, body)
         if not hmac.compare_digest(want, mac):
             raise Unauthorized("node credential: the signature does not match")
+        if not known:
+            assert self._unknown is not None
+            self._unknown(node_id)
+            raise Unauthorized("node credential: not a node of this cluster (as far as it knows)")
         return node_id
 
 

@@ -34,10 +34,19 @@ from zdmq.hashing import partition_of
 if TYPE_CHECKING:
     from zdmq.config import ClusterConfig
 
-__all__ = ["ClusterMap", "MapError", "Step", "apply_plan", "apply_step", "initial_map"]
+__all__ = [
+    "NODE_ID",
+    "ClusterMap",
+    "MapError",
+    "Step",
+    "apply_plan",
+    "apply_step",
+    "check_address",
+    "initial_map",
+]
 
 # Node and group ids: the names cluster.yaml takes for node ids (zdmq/config.py).
-_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NODE_ID = _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _FIELDS = ("epoch", "partitions", "replication", "nodes", "groups")
 _OPTIONAL = ("leaving",)
 
@@ -125,7 +134,7 @@ class ClusterMap:
             raise MapError("nodes: a map needs at least one node")
         for node_id, address in nodes.items():
             _check_id(f"nodes[{node_id!r}]", node_id)
-            _check_address(f"nodes[{node_id!r}].address", address)
+            check_address(f"nodes[{node_id!r}].address", address)
         _check_distinct_addresses(nodes)
         if replication > len(nodes):
             raise MapError(
@@ -336,7 +345,7 @@ class ClusterMap:
     def with_node(self, node: str, address: str) -> ClusterMap:
         """The map with a new node that holds nothing yet (a plan then moves replicas to it)."""
         _check_id("node", node)
-        _check_address(f"node {node!r}: address", address)
+        check_address(f"node {node!r}: address", address)
         if node in self.nodes:
             raise MapError(f"node {node!r} is already in the map")
         nodes = {**self.nodes, node: address}
@@ -372,7 +381,7 @@ class ClusterMap:
     def with_address(self, node: str, address: str) -> ClusterMap:
         """The map with `node` listening on a new address (the same host, moved)."""
         self._known(node)
-        _check_address(f"node {node!r}: address", address)
+        check_address(f"node {node!r}: address", address)
         nodes = {**self.nodes, node: address}
         _check_distinct_addresses(nodes)
         return self._derive(nodes=nodes)
@@ -433,7 +442,7 @@ class ClusterMap:
             _check_id(f"{where}.id", item["id"])
             if item["id"] in nodes:
                 raise MapError(f"{where}.id: duplicate node {item['id']!r}")
-            _check_address(f"{where}.address", item["address"])
+            check_address(f"{where}.address", item["address"])
             nodes[item["id"]] = item["address"]
         groups_raw = raw["groups"]
         if not isinstance(groups_raw, list):
@@ -549,7 +558,7 @@ def _check_id(where: str, value: Any) -> None:
         raise MapError(f"{where}: expected a name matching [A-Za-z0-9_.-]{{1,64}}, got {value!r}")
 
 
-def _check_address(where: str, value: Any) -> None:
+def check_address(where: str, value: Any) -> None:
     """A "host:port" (an IPv6 host in brackets: "[::1]:7701")."""
     if not isinstance(value, str):
         raise MapError(f"{where}: expected 'host:port', got {value!r}")
@@ -564,6 +573,7 @@ def _check_address(where: str, value: Any) -> None:
         or any(c.isspace() or c in "[]/" for c in host)
         or not port.isascii()
         or not port.isdigit()
+        or port.startswith("0")
         or not 1 <= int(port) <= 65535
     ):
         raise MapError(f"{where}: expected 'host:port' with a port in 1..65535, got {value!r}")

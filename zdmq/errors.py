@@ -57,6 +57,8 @@ __all__ = [
     "MessageTooLarge",
     "MethodNotAllowed",
     "Misrouted",
+    "NodeConflict",
+    "NodeNotFound",
     "NodeUnavailable",
     "NotLeader",
     "PublishIncomplete",
@@ -215,6 +217,22 @@ class FifoConflict(ZdmqError):
 
     status = 409
     code = "fifo_conflict"
+
+
+class NodeNotFound(ZdmqError):
+    """A cluster change names a node the cluster map does not hold."""
+
+    status = 404
+    code = "node_not_found"
+
+
+class NodeConflict(ZdmqError):
+    """A cluster change the cluster's nodes refuse: an id in the map at another address,
+    an address another node has, a removal that would leave fewer nodes than copies, or
+    any change of a cluster that keeps one copy of each message."""
+
+    status = 409
+    code = "node_conflict"
 
 
 class MapConflict(ZdmqError):

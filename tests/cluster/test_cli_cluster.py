@@ -73,7 +73,9 @@ def test_add_node_wait_moves_replicas_to_it_and_remove_node_wait_drains_it(
     again = ok(cluster, "cluster", "add-node", "n5", address, "--wait")
     assert "nothing changed: n5 is in the cluster" in again.stdout
     bad = zdmq(cluster, "cluster", "add-node", "n5", "127.0.0.1:1")
-    assert bad.returncode == 1 and "bad_request" in bad.stderr and "in the cluster at" in bad.stderr
+    assert (
+        bad.returncode == 1 and "node_conflict" in bad.stderr and "in the cluster at" in bad.stderr
+    )
     bad = zdmq(cluster, "cluster", "add-node", "n6", "no-port")
     assert bad.returncode == 1 and "bad_request" in bad.stderr
     usage = zdmq(cluster, "cluster", "add-node", "n6")

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from tests.helpers import unique, wait_until
-from zdmq import BadRequest, Client
+from zdmq import Client, NodeConflict
 from zdmq.local import LocalCluster
 from zdmq.server.topology import map_of_view
 
@@ -76,7 +76,7 @@ async def test_a_node_joins_and_leaves_under_load_and_nothing_is_lost(
             assert added["changed"] is True and added["epoch"] > epoch
             again = await client.add_node("n5", address)  # idempotent
             assert again["changed"] is False
-            with pytest.raises(BadRequest, match="in the cluster at"):
+            with pytest.raises(NodeConflict, match="in the cluster at"):
                 await client.add_node("n5", "127.0.0.1:1")
             grown = await settled(client)
             # n5 holds its share of the 4 x 3 replicas: 12 / 5 rounded down or up.

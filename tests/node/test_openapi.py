@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.node.conftest import NodeHttp
+from zdmq import errors
 from zdmq.config import ClusterConfig
 from zdmq.models import BATCH_CONTENT_TYPE, decode_batch, encode_batch
 from zdmq.server.app import make_app
@@ -75,6 +76,13 @@ def _frame_places(spec: dict[str, Any]) -> tuple[set[str], set[tuple[str, str]]]
             if BATCH_CONTENT_TYPE in reply.get("content", {}):
                 replies.add((op_id, status))
     return requests, replies
+
+
+def test_the_error_shape_lists_every_code_a_node_answers() -> None:
+    error = _spec()["components"]["schemas"]["Error"]["properties"]["error"]
+    documented = set(error["properties"]["code"]["enum"])
+    # `config_error` stops a node or a command at start; it is never a reply.
+    assert documented == set(errors.error_classes()) - {"config_error", "error"}
 
 
 def test_the_batch_media_type_is_described_exactly_where_nodes_take_or_give_frames() -> None:

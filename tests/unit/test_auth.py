@@ -64,6 +64,25 @@ def test_a_signed_call_verifies_and_any_change_to_it_does_not() -> None:
         NodeVerifier(b"j" * 32, ("n1",)).verify(value, "POST", "/v1/queues/q/batch?x=1", b"body")
 
 
+def test_a_node_not_in_the_map_is_refused_and_reported_only_when_its_signature_holds() -> None:
+    known: set[str] = {"n1"}
+    told: list[str] = []
+    verifier = NodeVerifier(SECRET, known, told.append)
+    value = NodeSigner(SECRET, "n6").value(b"POST /v1/internal/raft", b"x")
+    with pytest.raises(Unauthorized, match="not a node of this cluster"):
+        verifier.verify(value, "POST", "/v1/internal/raft", b"x")
+    assert told == ["n6"]  # the node may have joined since this one learned the map
+    forged = NodeSigner(b"z" * 32, "n7").value(b"POST /v1/internal/raft", b"x")
+    with pytest.raises(Unauthorized, match="signature"):
+        verifier.verify(forged, "POST", "/v1/internal/raft", b"x")
+    assert told == ["n6"]
+    known.add("n6")  # the map that names it came
+    assert verifier.verify(value, "POST", "/v1/internal/raft", b"x") == "n6"
+    # A node that joins asks for the map before anyone knows it.
+    ask = NodeSigner(SECRET, "n8").value(b"GET /v1/cluster", b"")
+    assert verifier.verify(ask, "GET", "/v1/cluster", b"", any_node=True) == "n8"
+
+
 def test_a_credential_is_good_for_max_skew_either_way() -> None:
     signer, verifier = NodeSigner(SECRET, "n1"), NodeVerifier(SECRET, ("n1",))
     now = time.time()

@@ -32,6 +32,8 @@ PUBLIC = {
     "MessageTooLarge",
     "MethodNotAllowed",
     "Misrouted",
+    "NodeConflict",
+    "NodeNotFound",
     "NotLeader",
     "NodeConfig",
     "NodeUnavailable",

@@ -11,7 +11,7 @@ import pytest
 from zdmq.cluster_map import ClusterMap, MapError, initial_map
 from zdmq.cluster_plan import plan
 from zdmq.config import ClusterConfig
-from zdmq.errors import BadRequest
+from zdmq.errors import BadRequest, NodeConflict, NodeNotFound
 from zdmq.server.rebalance import map_change
 from zdmq.server.topology import MAP_FILE, MAP_PREFIX, MapEntry, Topology, map_of_view
 
@@ -76,9 +76,9 @@ def test_operator_changes_are_idempotent_and_refuse_what_cannot_apply(tmp_path: 
     added = map_change(m, "add", "n5", "127.0.0.1:7705", None)
     assert added.epoch == 2 and "n5" in added.nodes and not added.holds("n5")
     assert map_change(added, "add", "n5", "127.0.0.1:7705", None) is added
-    with pytest.raises(BadRequest, match="in the cluster at"):
+    with pytest.raises(NodeConflict, match="in the cluster at"):
         map_change(added, "add", "n5", "127.0.0.1:9999", None)
-    with pytest.raises(BadRequest, match="address"):
+    with pytest.raises(NodeConflict, match="address"):
         map_change(added, "add", "n6", "127.0.0.1:7705", None)  # n5's address
     leaving = map_change(added, "remove", "n5", None, None)
     assert leaving.leaving == ("n5",)
@@ -86,7 +86,7 @@ def test_operator_changes_are_idempotent_and_refuse_what_cannot_apply(tmp_path: 
     assert map_change(m, "remove", "n9", None, None) is m  # gone already
     # 4 nodes, three copies: two may not leave.
     one_left = map_change(m, "remove", "n1", None, None)
-    with pytest.raises(BadRequest, match="would leave 2 nodes"):
+    with pytest.raises(NodeConflict, match="would leave 2 nodes"):
         map_change(one_left, "remove", "n2", None, None)
     replacing = map_change(m, "replace", "n2", "127.0.0.1:7706", "n6")
     assert replacing.leaving == ("n2",) and "n6" in replacing.nodes
@@ -96,6 +96,8 @@ def test_operator_changes_are_idempotent_and_refuse_what_cannot_apply(tmp_path: 
     moves = [s for s in steps if s.is_move]
     assert {s.remove for s in moves} == {"n2"} and {s.add for s in moves} == {"n6"}
     assert len(moves) == 3
+    with pytest.raises(NodeNotFound, match="not in the cluster"):
+        map_change(m, "replace", "n9", "127.0.0.1:7709", "n7")
     with pytest.raises(BadRequest, match="unknown change"):
         map_change(m, "grow", "n1", None, None)
 

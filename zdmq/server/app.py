@@ -256,8 +256,16 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
     epoch_header(topology.map)
     topology.on_change(epoch_header)
     # Another node is one the map names (or named): a node added since is known once
-    # this node has its map.
-    nodes = NodeVerifier(secret, topology.urls)
+    # this node has its map, which a signed call from one it does not know has it fetch.
+    relearning: list[asyncio.Task[None]] = []
+
+    def unknown_node(node: str) -> None:
+        member = app[MEMBER]
+        if member is not None and not any(not t.done() for t in relearning):
+            log.info("%s: a call from %s, not in its map: fetching the map", node_id, node)
+            relearning[:] = [asyncio.ensure_future(_learn_map(member))]
+
+    nodes = NodeVerifier(secret, topology.urls, unknown_node)
     app[CONFIG] = config
     app[CLIENTS] = clients
     tasks: list[asyncio.Task[None]] = []

@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 from zdmq import _http
 from zdmq.cluster_map import ClusterMap, MapError, apply_step
 from zdmq.cluster_plan import plan
-from zdmq.errors import BadRequest, MapConflict, NotLeader, ZdmqError
+from zdmq.errors import (
+    BadRequest,
+    MapConflict,
+    NodeConflict,
+    NodeNotFound,
+    NotLeader,
+    ZdmqError,
+)
 from zdmq.server.moves import MoveProgress, run_move
 
 if TYPE_CHECKING:
@@ -45,42 +52,51 @@ def map_change(
     m: ClusterMap, op: str, node: str, address: str | None, new: str | None
 ) -> ClusterMap:
     """The map after an operator's change, or `m` itself when it has taken effect already
-    (each change is idempotent). BadRequest for one that cannot apply."""
-    try:
-        if op == "add":
-            assert address is not None
-            if node in m.nodes:
-                if m.nodes[node] != address:
-                    raise BadRequest(f"node {node} is in the cluster at {m.nodes[node]}")
-                return m
-            return m.with_node(node, address)
-        if op == "remove":
-            if node not in m.nodes or node in m.leaving:
-                return m
-            if len(m.staying()) - 1 < m.replication:
-                raise BadRequest(
-                    f"removing {node} would leave {len(m.staying()) - 1} nodes for "
-                    f"{m.replication} copies of every group"
-                )
-            return m.with_leaving(node)
-        if op == "replace":
-            assert new is not None and address is not None
-            if node not in m.nodes:
-                if new in m.nodes:
-                    return m  # done: the old node has left
-                raise BadRequest(f"node {node} is not in the cluster")
-            out = m
-            if new in m.nodes:
-                if m.nodes[new] != address:
-                    raise BadRequest(f"node {new} is in the cluster at {m.nodes[new]}")
-            else:
-                out = out.with_node(new, address)
-            if node not in out.leaving:
-                out = out.with_leaving(node)
-            return out
-    except MapError as e:
-        raise BadRequest(str(e)) from None
+    (each change is idempotent). NodeConflict for one the cluster's nodes refuse,
+    NodeNotFound for a replace of a node the map does not hold, BadRequest for a change
+    that is not one."""
+    if op == "add":
+        assert address is not None
+        if node in m.nodes:
+            if m.nodes[node] != address:
+                raise NodeConflict(f"node {node} is in the cluster at {m.nodes[node]}")
+            return m
+        return _changed(lambda: m.with_node(node, address))
+    if op == "remove":
+        if node not in m.nodes or node in m.leaving:
+            return m
+        if len(m.staying()) - 1 < m.replication:
+            raise NodeConflict(
+                f"removing {node} would leave {len(m.staying()) - 1} nodes for "
+                f"{m.replication} copies of every group"
+            )
+        return m.with_leaving(node)
+    if op == "replace":
+        assert new is not None and address is not None
+        if node not in m.nodes:
+            if new not in m.nodes:
+                raise NodeNotFound(f"node {node} is not in the cluster")
+            if m.nodes[new] != address:
+                raise NodeConflict(f"node {new} is in the cluster at {m.nodes[new]}")
+            return m  # done: the old node has left
+        out = m
+        if new in m.nodes:
+            if m.nodes[new] != address:
+                raise NodeConflict(f"node {new} is in the cluster at {m.nodes[new]}")
+        else:
+            out = _changed(lambda: m.with_node(new, address))
+        if node not in out.leaving:
+            out = out.with_leaving(node)
+        return out
     raise BadRequest(f"unknown change {op!r}")
+
+
+def _changed(change: Callable[[], ClusterMap]) -> ClusterMap:
+    """`change()`; a map it cannot make (an address another node has) is a conflict."""
+    try:
+        return change()
+    except MapError as e:
+        raise NodeConflict(str(e)) from None
 
 
 class Rebalancer:

@@ -11,8 +11,8 @@ import logging
 from typing import Any
 
 from zdmq import _http
-from zdmq.cluster_map import ClusterMap, MapError
-from zdmq.errors import BadRequest, MapConflict, RouteNotFound
+from zdmq.cluster_map import NODE_ID, ClusterMap, MapError, check_address
+from zdmq.errors import BadRequest, MapConflict, NodeConflict, RouteNotFound
 from zdmq.server.http import Request, Response
 from zdmq.server.rebalance import Rebalancer, map_change
 from zdmq.server.replicas import Member
@@ -40,17 +40,27 @@ PUSH_TIMEOUT_S = 2.0
 def _member(request: Request) -> Member:
     member: Member | None = request.app[MEMBER]
     if member is None or member.raft is None:
-        raise BadRequest(
+        raise NodeConflict(
             f"{request.app[NODE].id}: a cluster with one copy of each message cannot change "
             "its nodes (replication must be 2 or more)"
         )
     return member
 
 
-def _string(body: dict[str, Any], name: str) -> str:
-    value = body.get(name)
-    if not isinstance(value, str) or not value:
-        raise BadRequest(f'"{name}" must be a non-empty string')
+def _node_id(value: Any, where: str) -> str:
+    """A node id, as cluster.yaml takes them (else 400)."""
+    if not isinstance(value, str) or not NODE_ID.match(value):
+        raise BadRequest(f"{where}: a node id is 1 to 64 characters of [A-Za-z0-9_.-]")
+    return value
+
+
+def _address(value: Any) -> str:
+    """ "host:port" (else 400)."""
+    try:
+        check_address('"address"', value)
+    except MapError as e:
+        raise BadRequest(str(e)) from None
+    assert isinstance(value, str)
     return value
 
 
@@ -90,30 +100,57 @@ def _changed(result: dict[str, Any]) -> Response:
 async def add_node(request: Request) -> Response:
     """`POST /v1/cluster/nodes` `{"id": ..., "address": "host:port"}`."""
     body = await _json_object(request)
-    change = {"op": "add", "node": _string(body, "id"), "address": _string(body, "address")}
+    _fields(body)
+    change = {
+        "op": "add",
+        "node": _node_id(body.get("id"), '"id"'),
+        "address": _address(body.get("address")),
+    }
     return _changed(await _on_home(request, "/v1/internal/cluster/changes", change))
 
 
 async def remove_node(request: Request) -> Response:
     """`DELETE /v1/cluster/nodes/{node}`: drains the node, then it leaves the map."""
-    change = {"op": "remove", "node": request.match_info["node"]}
+    change = {"op": "remove", "node": _node_id(request.match_info["node"], "the path's node")}
     return _changed(await _on_home(request, "/v1/internal/cluster/changes", change))
 
 
 async def replace_node(request: Request) -> Response:
     """`POST /v1/cluster/nodes/{node}/replace` `{"id": ..., "address": "host:port"}`."""
     body = await _json_object(request)
+    _fields(body)
     change = {
         "op": "replace",
-        "node": request.match_info["node"],
-        "new": _string(body, "id"),
-        "address": _string(body, "address"),
+        "node": _node_id(request.match_info["node"], "the path's node"),
+        "new": _node_id(body.get("id"), '"id"'),
+        "address": _address(body.get("address")),
     }
     return _changed(await _on_home(request, "/v1/internal/cluster/changes", change))
 
 
+def _fields(body: dict[str, Any]) -> None:
+    extra = sorted(set(body) - {"id", "address"})
+    if extra:
+        raise BadRequest(f"unknown field(s) {extra}: the body takes id and address")
+
+
 async def moves(request: Request) -> Response:
-    """`GET /v1/cluster/moves`: the rebalancer's progress, from the home group's leader."""
+    """`GET /v1/cluster/moves`: the rebalancer's progress, from the home group's leader
+    (with one copy of each message nothing ever moves: an empty view)."""
+    member: Member | None = request.app[MEMBER]
+    if member is None or member.raft is None:
+        topology: Topology = request.app[TOPOLOGY]
+        return _json(
+            {
+                "epoch": topology.epoch,
+                "leaving": [],
+                "current": None,
+                "pending_steps": 0,
+                "done": [],
+                "moves_done": 0,
+                "last_error": None,
+            }
+        )
     return _json(await _on_home(request, "/v1/internal/cluster/moves", None))
 
 
@@ -123,13 +160,9 @@ async def internal_change(request: Request) -> Response:
     member._serving(member.topology.home)  # 421 unless it leads the home group
     body = await _json_object(request)
     op = body.get("op")
-    node = _string(body, "node")
-    address = body.get("address")
-    new = body.get("new")
-    if op in ("add", "replace") and not isinstance(address, str):
-        raise BadRequest('"address" must be "host:port"')
-    if op == "replace" and not isinstance(new, str):
-        raise BadRequest('"new" must name the node that takes the place')
+    node = _node_id(body.get("node"), '"node"')
+    address = _address(body.get("address")) if op in ("add", "replace") else None
+    new = _node_id(body.get("new"), '"new"') if op == "replace" else None
     for _ in range(5):
         m = member.topology.map
         changed = map_change(m, str(op), node, address, new)
