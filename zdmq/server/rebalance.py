@@ -20,7 +20,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 IDLE_S = 0.5  # how often a home leader with nothing to do looks again
 RETRY_S = 2.0  # the pause after a step that failed
+DONE_KEPT = 100  # the moves done that are remembered (the view shows the last 20)
 
 
 def map_change(
@@ -102,11 +104,12 @@ def _changed(change: Callable[[], ClusterMap]) -> ClusterMap:
 class Rebalancer:
     """Brings the groups to what the map asks, while this node leads the home group."""
 
-    def __init__(self, member: Member, push: Callable[[ClusterMap], Awaitable[None]]) -> None:
+    def __init__(self, member: Member, push: Callable[[ClusterMap], None]) -> None:
         self.member = member
         self._push = push
         self.current: MoveProgress | None = None
-        self.done: list[MoveProgress] = []
+        self.done: deque[MoveProgress] = deque(maxlen=DONE_KEPT)
+        self.moves_done = 0
         self.pending = 0
         self.last_error: str | None = None
         self._wake = asyncio.Event()
@@ -137,8 +140,8 @@ class Rebalancer:
             "leaving": list(m.leaving),
             "current": one(self.current) if self.current is not None else None,
             "pending_steps": pending,
-            "done": [one(p) for p in self.done[-20:]],
-            "moves_done": len(self.done),
+            "done": [one(p) for p in list(self.done)[-20:]],
+            "moves_done": self.moves_done,
             "last_error": self.last_error,
         }
 
@@ -192,6 +195,7 @@ class Rebalancer:
             finally:
                 self.current = None
             self.done.append(progress)
+            self.moves_done += 1
         await self._commit(m, apply_step(m, step))
         self.last_error = None
         return True
@@ -201,7 +205,7 @@ class Rebalancer:
             committed = await self.member.propose_map(m.epoch, new)
         except (MapConflict, NotLeader):
             return  # another change, or another leader: plan again from what holds
-        await self._push(committed)
+        self._push(committed)
 
     async def _call(self, target: str | tuple[str, str], method: str, path: str, body: Any) -> Any:
         member = self.member

@@ -64,9 +64,18 @@ def _address(value: Any) -> str:
     return value
 
 
-async def push_map(member: Member, m: ClusterMap) -> None:
-    """Sends `m` to every node it names (best effort: a node that misses it learns it
-    from the epoch of the next reply it sees)."""
+_pushes: set[asyncio.Task[None]] = set()
+
+
+def push_map(member: Member, m: ClusterMap) -> None:
+    """Sends `m` to every node it names, in the background (best effort: a node that
+    misses it, paused or down, learns it from the epoch of the next reply it sees)."""
+    task = asyncio.ensure_future(_push(member, m))
+    _pushes.add(task)
+    task.add_done_callback(_pushes.discard)
+
+
+async def _push(member: Member, m: ClusterMap) -> None:
     body = {"map": m.to_dict()}
 
     async def one(node: str) -> None:
@@ -175,7 +184,7 @@ async def internal_change(request: Request) -> Response:
         rebalancer: Rebalancer | None = request.app[REBALANCER]
         if rebalancer is not None:
             rebalancer.wake()
-        await push_map(member, committed)
+        push_map(member, committed)
         return _json({"changed": True, "epoch": committed.epoch, "map": committed.to_dict()})
     raise MapConflict("the cluster map kept changing: try again")
 
