@@ -64,8 +64,15 @@ class MoveProgress:
 
 
 async def _view(call: Call, group: str) -> dict[str, Any]:
-    view = await call(("group", group), "GET", f"/v1/internal/groups/{group}", None)
+    """The group's configuration as its leader sees it (a follower that answers does not
+    know how far each member's log matches: the call goes on to the leader it names)."""
+    path = f"/v1/internal/groups/{group}"
+    view = await call(("group", group), "GET", path, None)
     assert isinstance(view, dict)
+    leader, answered = view.get("leader"), view.get("node")
+    if leader is not None and answered is not None and leader != answered:
+        view = await call(leader, "GET", path, None)
+        assert isinstance(view, dict)
     return view
 
 

@@ -70,6 +70,7 @@ def _conf_reply(member: Member, group: str) -> Response:
     return _json(
         {
             "group": group,
+            "node": member.id,  # the member that answers
             "conf": host.conf(group).to_dict(),
             "committed": host.conf_committed(group),
             "leader": leader,
