@@ -14,6 +14,7 @@ import pytest
 
 from tests.helpers import unique, wait_until
 from zdmq import Client, NodeConflict
+from zdmq.cli_status import moves_active
 from zdmq.local import LocalCluster
 from zdmq.server.topology import map_of_view
 
@@ -25,7 +26,7 @@ async def settled(client: Client) -> dict[str, Any]:
 
     async def idle() -> bool:
         moves = await client.moves()
-        return moves["current"] is None and moves["pending_steps"] == 0 and not moves["leaving"]
+        return not moves_active(moves)
 
     await wait_until(idle, timeout_s=120, what="the moves to finish")
     return await client.cluster_map()

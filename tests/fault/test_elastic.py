@@ -30,6 +30,7 @@ from tests.fault.test_replicated import CLIENT_TIMEOUT_S, assert_clean
 from tests.fault.workload import Workload, node_urls
 from tests.helpers import unique, wait_until
 from zdmq import Client
+from zdmq.cli_status import moves_active
 from zdmq.cluster_map import Step
 from zdmq.cluster_plan import plan
 from zdmq.local import LocalCluster
@@ -57,7 +58,7 @@ async def idle(client: Client, h: History, what: str) -> dict[str, Any]:
             moves = await client.moves()
         except Exception:
             return False
-        return moves["current"] is None and moves["pending_steps"] == 0 and not moves["leaving"]
+        return not moves_active(moves)
 
     await wait_until(done, timeout_s=MOVES_TIMEOUT_S, what=what)
     m = await client.cluster_map()

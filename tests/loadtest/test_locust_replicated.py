@@ -14,12 +14,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import zdmq
 from tests.helpers import wait_until
 from zdmq import _http
+from zdmq.cli_status import moves_active
 from zdmq.errors import ZdmqError
 from zdmq.local import LocalCluster
 
@@ -51,6 +53,23 @@ async def leaders(cluster: LocalCluster, group: str, skip: str | None = None) ->
         await pool.close()
 
 
+async def zerohop_users(
+    cluster: LocalCluster, tmp_path: Path
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """4 zero-hop Locust users for 5 s against `cluster`, started from its cluster.yaml:
+    the run, and its final statistics per call name."""
+    out = tmp_path / "locust"
+    cmd = [str(LOCUST), "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless"]
+    cmd += ["--only-summary", "-u", "4", "-r", "4", "-t", "5s", "--json-file", str(out)]
+    cmd += ["--zdmq-config", str(cluster.config_path), "--routing", "zerohop"]
+    cmd += ["--mix", "push=2,pop=1,recv_ack=1,push_batch=1", "--batch-size", "20"]
+    run = await asyncio.to_thread(
+        subprocess.run, cmd, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    final = json.loads(await asyncio.to_thread(Path(f"{out}.json").read_text))
+    return run, final
+
+
 async def test_zerohop_users_follow_a_dead_nodes_group_to_its_new_leader_without_failures(
     make_cluster: Callable[..., LocalCluster], tmp_path: Path
 ) -> None:
@@ -67,15 +86,7 @@ async def test_zerohop_users_follow_a_dead_nodes_group_to_its_new_leader_without
     cluster.kill(victim)
     cluster.release_port(victim)  # refused, as a crashed host's port would be
     await wait_until(moved, timeout_s=30, what="a new leader")
-    out = tmp_path / "locust"
-    cmd = [str(LOCUST), "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless"]
-    cmd += ["--only-summary", "-u", "4", "-r", "4", "-t", "5s", "--json-file", str(out)]
-    cmd += ["--zdmq-config", str(cluster.config_path), "--routing", "zerohop"]
-    cmd += ["--mix", "push=2,pop=1,recv_ack=1,push_batch=1", "--batch-size", "20"]
-    run = await asyncio.to_thread(
-        subprocess.run, cmd, capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
-    final = json.loads(await asyncio.to_thread(Path(f"{out}.json").read_text))
+    run, final = await zerohop_users(cluster, tmp_path)
     counts = {e["name"]: e["num_requests"] for e in final}
     failures = {e["name"]: e["num_failures"] for e in final if e["num_failures"]}
     assert not failures, f"{failures}\n{run.stderr[-3000:]}"
@@ -99,21 +110,12 @@ async def test_zerohop_users_started_from_cluster_yaml_follow_a_grown_clusters_m
             await c.add_node(node, address)
 
         async def idle() -> bool:
-            m = await c.moves()
-            return m["current"] is None and not m["pending_steps"] and not m["leaving"]
+            return not moves_active(await c.moves())
 
         await wait_until(idle, timeout_s=120, what="the moves to n5 and n6")
         m = await c.cluster_map()
     assert {g["members"][0] for g in m["groups"]} >= {"n5", "n6"}  # they lead some
-    out = tmp_path / "locust"
-    cmd = [str(LOCUST), "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless"]
-    cmd += ["--only-summary", "-u", "4", "-r", "4", "-t", "5s", "--json-file", str(out)]
-    cmd += ["--zdmq-config", str(cluster.config_path), "--routing", "zerohop"]
-    cmd += ["--mix", "push=2,pop=1,recv_ack=1,push_batch=1", "--batch-size", "20"]
-    run = await asyncio.to_thread(
-        subprocess.run, cmd, capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
-    final = json.loads(await asyncio.to_thread(Path(f"{out}.json").read_text))
+    run, final = await zerohop_users(cluster, tmp_path)
     failures = {e["name"]: e["num_failures"] for e in final if e["num_failures"]}
     assert not failures, f"{failures}\n{run.stderr[-3000:]}"
     assert run.returncode == 0, run.stderr[-3000:]

@@ -17,6 +17,7 @@ import pytest
 import zdmq
 from tests.helpers import unique, wait_until
 from zdmq import _http
+from zdmq.cli_status import moves_active
 from zdmq.local import LocalCluster
 
 pytestmark = pytest.mark.spark
@@ -112,8 +113,7 @@ def test_a_read_after_a_node_is_replaced_follows_the_new_map(
             await c.replace_node("n2", "n6", address)
 
             async def idle() -> bool:
-                m = await c.moves()
-                return m["current"] is None and not m["pending_steps"] and not m["leaving"]
+                return not moves_active(await c.moves())
 
             await wait_until(idle, timeout_s=120, what="n6 in n2's place")
 

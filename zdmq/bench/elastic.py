@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from zdmq import Client, ZdmqError
+from zdmq.cli_status import moves_active
 from zdmq.cluster_map import initial_map
 from zdmq.hashing import Placement
 from zdmq.local import LocalCluster
@@ -95,7 +96,7 @@ async def _idle(client: Client, timeout_s: float = 900.0) -> None:
     while quiet < 2:  # idle twice in a row: a change not yet planned is not done
         try:
             m = await client.moves()
-            idle = m["current"] is None and not m["pending_steps"] and not m["leaving"]
+            idle = not moves_active(m)
             quiet = quiet + 1 if idle else 0
         except ZdmqError:
             quiet = 0  # the home group electing: asked again
