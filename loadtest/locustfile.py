@@ -63,7 +63,7 @@ from zdmq.cluster_map import initial_map
 from zdmq.config import ClusterConfig
 from zdmq.hashing import Placement
 from zdmq.models import new_message_ids
-from zdmq.routing import GROUP_HEADER
+from zdmq.routing import GROUP_HEADER, members_of_view
 
 log = logging.getLogger("zdmq.locust")
 
@@ -170,7 +170,7 @@ class Settings:
             return
         self.urls.update({n["id"]: n["url"] for n in view["nodes"]})
         if self.groups is not None:
-            self.groups = {g["id"]: (*g["members"], *g.get("learners", ())) for g in view["groups"]}
+            self.groups = members_of_view(view["groups"])
         self.epoch = int(view["epoch"])
         log.info("zdmq: routing by the cluster map of epoch %d", self.epoch)
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from zdmq.errors import NodeUnavailable, NotLeader, ZdmqError
 
-__all__ = ["GROUP_HEADER", "GroupRouter", "group_members"]
+__all__ = ["GROUP_HEADER", "GroupRouter", "group_members", "members_of_view"]
 
 # Names the replica group a call is for (a node is a member of several); absent: the
 # group of the node called, whose id is the node's own.
@@ -42,6 +42,12 @@ def group_members(node_ids: Sequence[str], replication: int) -> dict[str, tuple[
     n = len(node_ids)
     r = min(replication, n)
     return {g: tuple(node_ids[(i + k) % n] for k in range(r)) for i, g in enumerate(node_ids)}
+
+
+def members_of_view(groups: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """Every group's members as callers try them, from the `groups` of a `GET /v1/cluster`
+    reply: its voters (the preferred leader first), then its learners."""
+    return {g["id"]: (*g["members"], *g.get("learners", ())) for g in groups}
 
 
 class GroupRouter:

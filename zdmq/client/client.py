@@ -71,7 +71,7 @@ from zdmq.models import (
     validate_message_id,
     validate_queue_name,
 )
-from zdmq.routing import GROUP_HEADER, GroupRouter, group_members
+from zdmq.routing import GROUP_HEADER, GroupRouter, group_members, members_of_view
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class Client:
             ids = [n["id"] for n in nodes]
             members = dict(group_members(ids, replication))
         else:
-            members = {g["id"]: (*g["members"], *g.get("learners", ())) for g in groups}
+            members = members_of_view(groups)
         self._placement = Placement(list(members), partitions, replication)
         if replication > 1:
             if self._router is None:

@@ -31,7 +31,7 @@ from zdmq.cluster_map import initial_map
 from zdmq.config import ClusterConfig
 from zdmq.errors import ZdmqError
 from zdmq.models import AckResult, parse_receipt
-from zdmq.routing import GROUP_HEADER, GroupRouter
+from zdmq.routing import GROUP_HEADER, GroupRouter, members_of_view
 from zdmq.spark._options import ReadOptions
 
 __all__ = [
@@ -96,7 +96,7 @@ def group_ids(layout: dict[str, Any]) -> list[str]:
 
 def _members(layout: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     if "map" in layout:
-        return {g["id"]: (*g["members"], *g.get("learners", ())) for g in layout["map"]["groups"]}
+        return members_of_view(layout["map"]["groups"])
     m = initial_map(cluster_from(layout))
     return {g: m.members(g) for g in m.groups}
 
@@ -133,9 +133,7 @@ class _Nodes:
         except ZdmqError:
             return  # routed as before: 421 hints still lead to the leader
         self.urls.update({n["id"]: n["url"] for n in view["nodes"]})
-        self.router.members = {
-            g["id"]: (*g["members"], *g.get("learners", ())) for g in view["groups"]
-        }
+        self.router.members = members_of_view(view["groups"])
         self.router.nodes = frozenset(self.urls)
         self.epoch = int(view["epoch"])
 
