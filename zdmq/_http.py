@@ -768,8 +768,9 @@ async def send(
     nothing listened), named by `what`; any reply, whatever its status."""
     try:
         return await pool.request(method, origin, path, **kw)
-    except ConnectionRefusedError as e:
-        # Nobody listens there: the request was not sent, so any call may be tried again.
+    except (ConnectionRefusedError, socket.gaierror, UnicodeError) as e:
+        # Nobody listens there, or the host has no address: the request was not sent, so
+        # any call may be tried again.
         err = NodeUnavailable(f"{what}: {type(e).__name__}: {e}")
         err.unsent = True
         raise err from None

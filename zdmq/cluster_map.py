@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from zdmq.config import ClusterConfig
 
 __all__ = [
+    "ADDRESS",
     "NODE_ID",
     "ClusterMap",
     "MapError",
@@ -47,6 +48,12 @@ __all__ = [
 
 # Node and group ids: the names cluster.yaml takes for node ids (zdmq/config.py).
 NODE_ID = _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# A node's "host:port": a host name (dot-separated labels of ASCII letters, digits, "-"
+# and "_"), an IPv4 address or an IPv6 address in brackets, and a port in 1..65535 without
+# leading zeros. openapi.yaml's NodeEntry gives the same pattern.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+ADDRESS = re.compile(rf"^(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]):{_PORT}$")
 _FIELDS = ("epoch", "partitions", "replication", "nodes", "groups")
 _OPTIONAL = ("leaving",)
 
@@ -559,24 +566,12 @@ def _check_id(where: str, value: Any) -> None:
 
 
 def check_address(where: str, value: Any) -> None:
-    """A "host:port" (an IPv6 host in brackets: "[::1]:7701")."""
-    if not isinstance(value, str):
-        raise MapError(f"{where}: expected 'host:port', got {value!r}")
-    host, sep, port = value.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        host = ""  # an IPv6 host without brackets: where its port starts is ambiguous
-    if (
-        not sep
-        or not host
-        or any(c.isspace() or c in "[]/" for c in host)
-        or not port.isascii()
-        or not port.isdigit()
-        or port.startswith("0")
-        or not 1 <= int(port) <= 65535
-    ):
-        raise MapError(f"{where}: expected 'host:port' with a port in 1..65535, got {value!r}")
+    """A "host:port": ADDRESS (an IPv6 host in brackets: "[::1]:7701")."""
+    if not isinstance(value, str) or not ADDRESS.fullmatch(value):
+        raise MapError(
+            f"{where}: expected 'host:port' (a host name, an IPv4 address or an IPv6 "
+            f"address in brackets; a port in 1..65535), got {value!r}"
+        )
 
 
 def _check_distinct_addresses(nodes: Mapping[str, str]) -> None:

@@ -16,6 +16,7 @@ import yaml
 
 from tests.node.conftest import NodeHttp
 from zdmq import errors
+from zdmq.cluster_map import ADDRESS, MapError, check_address
 from zdmq.config import ClusterConfig
 from zdmq.models import BATCH_CONTENT_TYPE, decode_batch, encode_batch
 from zdmq.server.app import make_app
@@ -190,3 +191,16 @@ async def test_the_node_serves_the_packaged_document(http: NodeHttp) -> None:
     resp = await http.get("/v1/openapi.yaml")
     assert resp.status == 200
     assert yaml.safe_load(await resp.read()) == _spec()
+
+
+def test_a_node_address_is_checked_with_the_pattern_the_document_gives() -> None:
+    """A request body the schema takes is one the node takes (and the reverse)."""
+    node_entry = _spec()["components"]["schemas"]["NodeEntry"]["properties"]["address"]
+    assert node_entry["pattern"] == ADDRESS.pattern
+    taken = ["127.0.0.1:7701", "[::1]:7701", "node-5.zdmq.internal:65535", "zdmq_n5:80"]
+    refused = [":7701", "[0:7701", "n5:0", "n5:07", "n5:65536", "n5:80\n", "-n5:80", "nó:80"]
+    for address in taken:
+        check_address("address", address)
+    for address in refused:
+        with pytest.raises(MapError):
+            check_address("address", address)

@@ -98,6 +98,14 @@ def test_operator_changes_are_idempotent_and_refuse_what_cannot_apply(tmp_path: 
     assert len(moves) == 3
     with pytest.raises(NodeNotFound, match="not in the cluster"):
         map_change(m, "replace", "n9", "127.0.0.1:7709", "n7")
+    # Only a new node takes another's place: a node of the cluster (itself included) does
+    # not, or a replace could mark every node leaving.
+    with pytest.raises(NodeConflict, match="cannot take its own place"):
+        map_change(m, "replace", "n2", "127.0.0.1:7702", "n2")
+    with pytest.raises(NodeConflict, match="in the cluster already"):
+        map_change(m, "replace", "n2", "127.0.0.1:7703", "n3")
+    with pytest.raises(NodeConflict, match="in the cluster already"):
+        map_change(replacing, "replace", "n1", "127.0.0.1:7706", "n6")
     with pytest.raises(BadRequest, match="unknown change"):
         map_change(m, "grow", "n1", None, None)
 

@@ -81,15 +81,18 @@ def map_change(
             if m.nodes[new] != address:
                 raise NodeConflict(f"node {new} is in the cluster at {m.nodes[new]}")
             return m  # done: the old node has left
-        out = m
+        if new == node:
+            raise NodeConflict(f"node {node} cannot take its own place")
         if new in m.nodes:
             if m.nodes[new] != address:
                 raise NodeConflict(f"node {new} is in the cluster at {m.nodes[new]}")
-        else:
-            out = _changed(lambda: m.with_node(new, address))
-        if node not in out.leaving:
-            out = out.with_leaving(node)
-        return out
+            if node not in m.leaving:
+                # Not a replace under way: a node of the cluster takes no other's place
+                # (removing the old one drains it onto the others).
+                raise NodeConflict(f"node {new} is in the cluster already; replace adds a new one")
+            return m  # under way
+        out = _changed(lambda: m.with_node(new, address))
+        return out if node in out.leaving else out.with_leaving(node)
     raise BadRequest(f"unknown change {op!r}")
 
 

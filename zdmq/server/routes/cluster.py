@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 REBALANCER = "rebalancer"
 PUSH_TIMEOUT_S = 2.0
+# How long a node to be added may take to answer at its address.
+PROBE_TIMEOUT_S = 2.0
 
 
 def _member(request: Request) -> Member:
@@ -172,6 +174,9 @@ async def internal_change(request: Request) -> Response:
     node = _node_id(body.get("node"), '"node"')
     address = _address(body.get("address")) if op in ("add", "replace") else None
     new = _node_id(body.get("new"), '"new"') if op == "replace" else None
+    joining = node if op == "add" else new
+    if joining is not None and address is not None and joining not in member.topology.map.nodes:
+        await _answers(member, joining, address)
     for _ in range(5):
         m = member.topology.map
         changed = map_change(m, str(op), node, address, new)
@@ -187,6 +192,22 @@ async def internal_change(request: Request) -> Response:
         push_map(member, committed)
         return _json({"changed": True, "epoch": committed.epoch, "map": committed.to_dict()})
     raise MapConflict("the cluster map kept changing: try again")
+
+
+async def _answers(member: Member, node: str, address: str) -> None:
+    """Returns once `node` answers at `address` as itself; NodeConflict if it does not (a
+    node added that does not run, or a mistyped address, would hold every move up)."""
+    url = member.topology.url(address)
+    try:
+        reply = await _http.call(member.pool, "GET", url + "/v1/health", timeout_s=PROBE_TIMEOUT_S)
+        answered = reply.json().get("node")
+    except Exception as e:  # refused, unresolvable, timed out, not a node
+        raise NodeConflict(
+            f"node {node} does not answer at {address} ({type(e).__name__}): start it first "
+            f"(zdmq node --node {node} --address {address})"
+        ) from None
+    if answered != node:
+        raise NodeConflict(f"{address} is node {answered!r}, not {node}")
 
 
 async def internal_moves(request: Request) -> Response:
