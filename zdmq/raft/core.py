@@ -622,6 +622,20 @@ class RaftCore:
         self._broadcast_append()
         return index
 
+    def reconfirm(self) -> None:
+        """As leader, after its node stalled (a pause, a long blocked loop), during which
+        another may have been elected: appends an empty entry and counts its term as
+        starting there, so that this member serves reads again (`term_start`, the
+        driver's `serves`) only once a majority has taken the entry in this term, and
+        steps down if the reply names a newer one."""
+        if self.role is not Role.LEADER:
+            return
+        index = self.log.last_index() + 1
+        self.term_start = index
+        self._append([Entry(self.term, index, None)])
+        self._maybe_commit()
+        self._broadcast_append()
+
     def heartbeats(self) -> list[Message]:
         """As leader, the heartbeats a tick sends, for a driver to send while this core
         waits for its `Ready` to be persisted (a long write must not look like a dead

@@ -535,6 +535,12 @@ class RaftHost:
         self._apply = apply
         self.transfer_check_ticks = transfer_check_ticks
         self._max_ticks = max(1, election_ticks // 2)
+        # A node whose ticks stopped for longer than this (a pause, a blocked loop) may
+        # have been replaced as leader meanwhile, and does not know it yet: it serves no
+        # read until it has confirmed its lead (`serves`, `RaftCore.reconfirm`).
+        self._stall_s = tick_s * max(1, election_ticks // 2)
+        self._tick_at = time.monotonic()
+        self._stalled = False
         self.max_queued_messages = max_queued_messages
         self.max_queued_bytes = max_queued_bytes
         self.max_payload_bytes = max_payload_bytes
@@ -630,6 +636,7 @@ class RaftHost:
                 "applied",
                 "elections_won",
                 "transfers",  # leadership handed to the preferred leader
+                "stalls",  # ticks late by half an election timeout: leads confirmed again
                 "replaced_peers",  # a peer seen with a new store identity
                 "probations_lifted",
                 "probations_lifted_by_report",  # lifted on its leader's report
@@ -1034,6 +1041,11 @@ class RaftHost:
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(self.tick_s)
+            now = time.monotonic()
+            if now - self._tick_at > self._stall_s:
+                self._stalled = True  # the next round has each leader confirm its lead
+                self.counters["stalls"] += 1
+            self._tick_at = now
             self._ticks += 1
             if self._writing:
                 self._beat_while_writing()
@@ -1082,6 +1094,8 @@ class RaftHost:
         core = self._core(group)
         if core.role is not Role.LEADER:
             return False
+        if self._stalled or time.monotonic() - self._tick_at > self._stall_s:
+            return False  # stalled: another may lead now (see _tick_loop)
         return max(core.log.applied, self._applied_to.get(group, 0)) >= core.term_start
 
     def peer_silent(self, peer: str, after_s: float) -> bool:
@@ -1341,6 +1355,10 @@ class RaftHost:
         # leader's CheckQuorum round with nobody heard from, a follower's timeout) when
         # it was only this node that was busy (a slow write, a stalled loop).
         ticks, self._ticks = min(self._ticks, self._max_ticks), 0
+        if self._stalled:
+            self._stalled = False
+            for core in cores.values():
+                core.reconfirm()
         for _ in range(ticks):
             for core in cores.values():
                 core.tick()
