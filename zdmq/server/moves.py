@@ -107,6 +107,7 @@ async def run_move(
         except NodeUnavailable:
             view = None
         if view is None or not view["committed"] or view["leader"] is None:
+            progress.step = f"waiting for group {group} to have a leader (a majority up)"
             if time.monotonic() > deadline:
                 raise MoveStuck(f"group {group}: no leader with a settled configuration")
             await asyncio.sleep(POLL_S)  # an election, or a change committing
@@ -162,6 +163,7 @@ async def run_move(
         except ZdmqError as e:
             if e.status not in (400, 421, 503) or time.monotonic() > deadline:
                 raise
+            progress.step = f"{change.kind} {change.node}: waiting for group {group} ({e.code})"
             await asyncio.sleep(POLL_S)  # refused for now (a change under way, a new leader)
             continue
         deadline = time.monotonic() + step_timeout_s  # each step gets its own time
