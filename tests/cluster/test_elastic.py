@@ -93,6 +93,19 @@ async def test_a_node_joins_and_leaves_under_load_and_nothing_is_lost(
             shrunk = await settled(client)
             assert "n5" not in {n["id"] for n in shrunk["nodes"]}
             assert sorted(replicas(shrunk).values()) == [3, 3, 3, 3]
+
+            # n5, gone from the map, is told so: a caller that still calls it is relayed
+            # by the map the others hold.
+            async def n5_knows() -> bool:
+                async with http.get(f"http://{address}/v1/cluster") as r:
+                    return bool((await r.json())["epoch"] == shrunk["epoch"])
+
+            await wait_until(n5_knows, timeout_s=10, what="n5 holding the map without it")
+            async with http.post(
+                f"http://{address}/v1/queues/{queue}/messages", data=b"via n5"
+            ) as r:
+                assert r.status == 201, await r.text()
+                pushed.append((await r.json())["id"])
         finally:
             stop.set()
             await asyncio.gather(*load)

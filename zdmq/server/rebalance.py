@@ -107,7 +107,7 @@ def _changed(change: Callable[[], ClusterMap]) -> ClusterMap:
 class Rebalancer:
     """Brings the groups to what the map asks, while this node leads the home group."""
 
-    def __init__(self, member: Member, push: Callable[[ClusterMap], None]) -> None:
+    def __init__(self, member: Member, push: Callable[[ClusterMap, ClusterMap], None]) -> None:
         self.member = member
         self._push = push
         self.current: MoveProgress | None = None
@@ -208,7 +208,7 @@ class Rebalancer:
             committed = await self.member.propose_map(m.epoch, new)
         except (MapConflict, NotLeader):
             return  # another change, or another leader: plan again from what holds
-        self._push(committed)
+        self._push(committed, m)
 
     async def _call(self, target: str | tuple[str, str], method: str, path: str, body: Any) -> Any:
         member = self.member

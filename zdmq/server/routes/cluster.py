@@ -69,30 +69,35 @@ def _address(value: Any) -> str:
 _pushes: set[asyncio.Task[None]] = set()
 
 
-def push_map(member: Member, m: ClusterMap) -> None:
-    """Sends `m` to every node it names, in the background (best effort: a node that
-    misses it, paused or down, learns it from the epoch of the next reply it sees)."""
-    task = asyncio.ensure_future(_push(member, m))
+def push_map(member: Member, m: ClusterMap, before: ClusterMap | None = None) -> None:
+    """Sends `m` to every node it names, and to those of the map `before` it that it
+    no longer names (a node drained and gone hears no more calls, so it would keep its
+    last map, and relay what callers still send it by that), in the background (best
+    effort: a node that misses it, paused or down, learns it from the epoch of the next
+    reply it sees)."""
+    left = [n for n in before.nodes if n not in m.nodes] if before is not None else []
+    task = asyncio.ensure_future(_push(member, m, left))
     _pushes.add(task)
     task.add_done_callback(_pushes.discard)
 
 
-async def _push(member: Member, m: ClusterMap) -> None:
+async def _push(member: Member, m: ClusterMap, left: list[str]) -> None:
     body = {"map": m.to_dict()}
+    urls = {n: member.urls[n] for n in [*m.nodes, *left] if n in member.urls}
 
     async def one(node: str) -> None:
         try:
             await _http.call(
                 member.pool,
                 "POST",
-                member.urls[node] + "/v1/internal/cluster",
+                urls[node] + "/v1/internal/cluster",
                 json=body,
                 timeout_s=PUSH_TIMEOUT_S,
             )
         except Exception as e:
             log.info("map epoch %d not sent to %s: %s", m.epoch, node, e)
 
-    await asyncio.gather(*(one(n) for n in m.nodes if n != member.id))
+    await asyncio.gather(*(one(n) for n in urls if n != member.id))
 
 
 async def _on_home(request: Request, path: str, body: dict[str, Any] | None) -> Any:
@@ -189,7 +194,7 @@ async def internal_change(request: Request) -> Response:
         rebalancer: Rebalancer | None = request.app[REBALANCER]
         if rebalancer is not None:
             rebalancer.wake()
-        push_map(member, committed)
+        push_map(member, committed, m)
         return _json({"changed": True, "epoch": committed.epoch, "map": committed.to_dict()})
     raise MapConflict("the cluster map kept changing: try again")
 
