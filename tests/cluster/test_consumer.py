@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import unique, wait_until
 from zdmq import Client
-from zdmq.client.consumer import Consumer, Outcome
+from zdmq.client.consumer import DEFAULT_PREFETCH, Consumer, Outcome
 from zdmq.errors import QueueNotFound
 from zdmq.local import LocalCluster
 from zdmq.models import ReceivedMessage
@@ -194,7 +194,7 @@ async def test_in_body_mode_a_message_is_acked_when_the_body_moves_on_and_a_nack
     seen: list[ReceivedMessage] = []
     nacked: ReceivedMessage | None = None
 
-    consumer: Consumer = client.consume(q, concurrency=4, burst=True, wait_s=0)
+    consumer: Consumer = client.consume(q, prefetch=4, burst=True, wait_s=0)
     async with asyncio.timeout(30):
         async for msg in consumer:
             # The message before this one was acked (in the background) once the body moved
@@ -229,7 +229,7 @@ async def test_a_fast_body_consumer_acks_in_batches_and_every_ack_is_committed_a
     pushed = await push_bodies(client, q, 300)
     seen: list[tuple[str, bytes]] = []
 
-    consumer: Consumer = client.consume(q, concurrency=100, burst=True, wait_s=0)
+    consumer: Consumer = client.consume(q, prefetch=100, burst=True, wait_s=0)
     async with asyncio.timeout(30):
         async for msg in consumer:
             seen.append((msg.id, msg.body))
@@ -248,7 +248,7 @@ async def test_raising_in_the_body_releases_the_message_in_hand_and_the_prefetch
     q = unique("raise")
     await client.create_queue(q)
     pushed = await push_bodies(client, q, 10)
-    consumer = client.consume(q, concurrency=4, visibility_s=LONG_S, burst=True, wait_s=0)
+    consumer = client.consume(q, prefetch=4, visibility_s=LONG_S, burst=True, wait_s=0)
     in_hand: ReceivedMessage | None = None
 
     async def prefetched() -> bool:
@@ -284,7 +284,7 @@ async def test_stopping_a_body_consumer_ends_the_loop_after_the_message_in_hand_
     q = unique("bodystop")
     await client.create_queue(q)
     pushed = await push_bodies(client, q, 10)
-    consumer = client.consume(q, concurrency=4, visibility_s=LONG_S, burst=True, wait_s=0)
+    consumer = client.consume(q, prefetch=4, visibility_s=LONG_S, burst=True, wait_s=0)
     yielded: list[ReceivedMessage] = []
 
     async def prefetched() -> bool:
@@ -419,7 +419,7 @@ async def test_leaving_a_body_consumer_while_a_receive_reply_is_unread_releases_
 
     async with asyncio.timeout(60):
         for turns in range(12):
-            consumer = client.consume(q, concurrency=2, visibility_s=LONG_S, wait_s=1)
+            consumer = client.consume(q, prefetch=2, visibility_s=LONG_S, wait_s=1)
             async with contextlib.aclosing(aiter(consumer)) as messages:
                 async for msg in messages:
                     sent = client.calls["receive"].calls
@@ -630,3 +630,30 @@ async def test_a_handler_outliving_shutdown_timeout_is_cancelled_after_it_and_it
     assert check(pushed, pairs(left)) == Verdict()
     # One shutdown_timeout_s for the handler, plus a few calls; not two of them.
     assert took_s < timeout_s + 0.3, f"stop took {took_s:.2f}s with shutdown_timeout_s=0.5"
+
+
+async def test_a_consumer_with_no_options_leases_ahead_up_to_its_prefetch_and_releases_the_rest(
+    client: Client,
+) -> None:
+    """As RabbitMQ clients prefetch: a consumer made with no options holds up to
+    DEFAULT_PREFETCH messages while its body works on one, so it keeps up with a producer
+    pushing one at a time; what it did not start goes back at once when it stops."""
+    q = unique("prefetch")
+    await client.create_queue(q)
+    pushed = await push_bodies(client, q, DEFAULT_PREFETCH + 50)
+    consumer = client.consume(q, visibility_s=LONG_S)
+    assert consumer.prefetch == DEFAULT_PREFETCH and consumer.concurrency == 1
+
+    async def prefetched() -> bool:
+        return len(consumer._held) == DEFAULT_PREFETCH  # never more
+
+    async with asyncio.timeout(30):
+        async for _ in consumer:
+            await wait_until(prefetched, timeout_s=10, what="the prefetch leased")
+            consumer.stop()  # the message in hand is acked, the others released
+    assert consumer.received == DEFAULT_PREFETCH and consumer.acked == 1
+    assert consumer.nacked == DEFAULT_PREFETCH - 1
+    left = await receive_all(client, q, len(pushed) - 1, within_s=5)
+    assert len(left) == len(pushed) - 1
+    with pytest.raises(ValueError, match="prefetch"):
+        client.consume(q, prefetch=0)

@@ -10,7 +10,7 @@ Two ways to use it, both `async for`:
 
     # 2. Without one: the loop body is the handler. A message is acked when the body
     #    asks for the next one (the ack is sent in the background); `consumer.nack(msg)`
-    #    releases it instead. Up to `concurrency` messages are leased ahead.
+    #    releases it instead. Up to `prefetch` messages (100) are leased ahead.
     async for msg in client.consume("jobs"):
         ...
 
@@ -48,7 +48,7 @@ from zdmq.models import ReceivedMessage
 if TYPE_CHECKING:
     from zdmq.client.client import Client
 
-__all__ = ["AckBatcher", "Consumer", "Handler", "Outcome"]
+__all__ = ["DEFAULT_PREFETCH", "AckBatcher", "Consumer", "Handler", "Outcome"]
 
 log = logging.getLogger("zdmq.consumer")
 
@@ -118,6 +118,10 @@ class AckBatcher:
 
 
 _DONE: Any = object()
+# Messages a consumer holds at most by default: leased ahead of its handlers, so that one
+# consumer keeps up with a producer pushing one at a time (at most this many messages of
+# the queue's max_message_bytes in memory).
+DEFAULT_PREFETCH = 100
 # A consumer that does not long-poll pauses this long after an empty receive.
 EMPTY_PAUSE_S = 0.1
 # On stop, how long a receive already sent may take to reply before it is cut off.
@@ -132,6 +136,7 @@ class Consumer:
         handler: Handler | None = None,
         *,
         concurrency: int = 1,
+        prefetch: int = DEFAULT_PREFETCH,
         visibility_s: float | None = None,
         wait_s: float = 20.0,
         backoff_s: float = 1.0,
@@ -142,7 +147,11 @@ class Consumer:
         min_priority: int = 0,
     ) -> None:
         """
-        concurrency          handlers at once (with a handler), messages leased ahead (without)
+        concurrency          handlers at once (with a handler)
+        prefetch             messages held at most, leased ahead of the handlers or the loop
+                               body (at least `concurrency`): a consumer keeps up with a
+                               producer as RabbitMQ clients do with basic.qos; 1 shares long
+                               jobs evenly among consumers
         visibility_s         lease length; default: the queue's visibility timeout
         wait_s               long-poll wait of each receive (0..20)
         backoff_s            a failed message is nacked with delay backoff_s * 2**(receives-1),
@@ -154,10 +163,13 @@ class Consumer:
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch < 1:
+            raise ValueError("prefetch must be at least 1")
         self.client = client
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency
+        self.prefetch = max(prefetch, concurrency)
         self.visibility_s = visibility_s
         self.wait_s = wait_s
         self.backoff_s = backoff_s
@@ -293,7 +305,7 @@ class Consumer:
     async def _receive_loop(self) -> None:
         assert self.visibility_s is not None
         while not self.stopping:
-            room = self.concurrency - len(self._held)
+            room = self.prefetch - len(self._held)
             if room <= 0:
                 self._room.clear()
                 await self._wait_or_stop(self._room.wait())

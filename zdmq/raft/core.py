@@ -622,19 +622,13 @@ class RaftCore:
         self._broadcast_append()
         return index
 
-    def reconfirm(self) -> None:
-        """As leader, after its node stalled (a pause, a long blocked loop), during which
-        another may have been elected: appends an empty entry and counts its term as
-        starting there, so that this member serves reads again (`term_start`, the
-        driver's `serves`) only once a majority has taken the entry in this term, and
-        steps down if the reply names a newer one."""
-        if self.role is not Role.LEADER:
-            return
-        index = self.log.last_index() + 1
-        self.term_start = index
-        self._append([Entry(self.term, index, None)])
-        self._maybe_commit()
-        self._broadcast_append()
+    def step_down(self) -> None:
+        """As leader, becomes a follower of no known leader in the same term (the driver
+        does so after its node stalled for longer than a follower's lease: another may
+        have been elected meanwhile, and a read served from this member's state could
+        miss what that one committed). The group elects again, this member perhaps."""
+        if self.role is Role.LEADER:
+            self._become_follower(self.term, None)
 
     def heartbeats(self) -> list[Message]:
         """As leader, the heartbeats a tick sends, for a driver to send while this core

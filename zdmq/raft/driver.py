@@ -536,9 +536,11 @@ class RaftHost:
         self.transfer_check_ticks = transfer_check_ticks
         self._max_ticks = max(1, election_ticks // 2)
         # A node whose ticks stopped for longer than this (a pause, a blocked loop) may
-        # have been replaced as leader meanwhile, and does not know it yet: it serves no
-        # read until it has confirmed its lead (`serves`, `RaftCore.reconfirm`).
-        self._stall_s = tick_s * max(1, election_ticks // 2)
+        # have been replaced as leader meanwhile (a follower that has not heard from its
+        # leader for an election timeout may elect another) and not know it yet: it
+        # serves nothing from the moment the stall shows, and its leaders step down
+        # (`serves`, `RaftCore.step_down`).
+        self._stall_s = tick_s * election_ticks * 0.7
         self._tick_at = time.monotonic()
         self._stalled = False
         self.max_queued_messages = max_queued_messages
@@ -636,7 +638,7 @@ class RaftHost:
                 "applied",
                 "elections_won",
                 "transfers",  # leadership handed to the preferred leader
-                "stalls",  # ticks late by half an election timeout: leads confirmed again
+                "stalls",  # ticks late by most of an election timeout: leaders stepped down
                 "replaced_peers",  # a peer seen with a new store identity
                 "probations_lifted",
                 "probations_lifted_by_report",  # lifted on its leader's report
@@ -1043,7 +1045,7 @@ class RaftHost:
             await asyncio.sleep(self.tick_s)
             now = time.monotonic()
             if now - self._tick_at > self._stall_s:
-                self._stalled = True  # the next round has each leader confirm its lead
+                self._stalled = True  # the next round has each leader step down
                 self.counters["stalls"] += 1
             self._tick_at = now
             self._ticks += 1
@@ -1358,7 +1360,7 @@ class RaftHost:
         if self._stalled:
             self._stalled = False
             for core in cores.values():
-                core.reconfirm()
+                core.step_down()
         for _ in range(ticks):
             for core in cores.values():
                 core.tick()

@@ -171,10 +171,10 @@ class SimConfig:
     #: Chance a leader is asked to hand over to a random peer (transfer_leadership).
     transfer: float = 0.02
     propose: float = 0.3
-    #: Chance, each step, that a leader confirms its lead (`reconfirm`: an empty entry
-    #: that starts its term anew, as a driver does after its node stalled). Drawn from a
-    #: generator of its own; 0 leaves a seed's run as it was without it.
-    reconfirm: float = 0.0
+    #: Chance, each step, that a leader steps down (`step_down`, as a driver has its
+    #: leaders do after its node stalled). Drawn from a generator of its own; 0 leaves a
+    #: seed's run as it was without it.
+    step_down: float = 0.0
     #: Entries an append carries at most: small limits split a new leader's catch-up
     #: from its empty entry, which is where committing by counting an old term breaks.
     max_entries_per_msg: tuple[int, ...] = (1, 2, 3, 64)
@@ -222,7 +222,7 @@ class SimResult:
     disk_losses: int = 0
     partitions: int = 0
     transfers: int = 0
-    reconfirms: int = 0
+    step_downs: int = 0
     proposed: int = 0
     acked: int = 0
     applied: int = 0
@@ -306,7 +306,7 @@ class _Sim:
         # The mover draws from a stream of its own (and its rates too): a seed's other
         # faults are the same with or without membership changes.
         self.mover_rng = random.Random(f"{seed}/mover")
-        self.confirm_rng = random.Random(f"{seed}/reconfirm")
+        self.step_down_rng = random.Random(f"{seed}/step-down")
         self.cfg = cfg = replace(
             cfg,
             reconfig=self.mover_rng.uniform(0, cfg.reconfig),
@@ -456,8 +456,8 @@ class _Sim:
             self._propose()
         if not self.healing and self.rng.random() < self.cfg.transfer:
             self._transfer()
-        if not self.healing and self.confirm_rng.random() < self.cfg.reconfirm:
-            self._reconfirm()
+        if not self.healing and self.step_down_rng.random() < self.cfg.step_down:
+            self._step_down()
         if self.cfg.spares and not self.healing and self.mover_rng.random() < self.cfg.reconfig:
             self._mover()
         for n in self._running():
@@ -832,14 +832,15 @@ class _Sim:
             return
         self.queue.refused(call, self.now)
 
-    def _reconfirm(self) -> None:
+    def _step_down(self) -> None:
         leaders = [n for n in self._running() if n.core and n.core.role is Role.LEADER]
         if leaders:
-            n = self.confirm_rng.choice(leaders)
+            n = self.step_down_rng.choice(leaders)
             assert n.core is not None
-            self._log(f"{n.id} confirms its lead")
-            n.core.reconfirm()
-            self.result.reconfirms += 1
+            self._log(f"{n.id} steps down")
+            n.core.step_down()
+            self._check_leader(n)
+            self.result.step_downs += 1
 
     def _transfer(self) -> None:
         leaders = [n for n in self._running() if n.core and n.core.role is Role.LEADER]

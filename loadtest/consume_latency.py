@@ -1,0 +1,136 @@
+"""Push-to-delivery through `client.consume` on the shipped layout (4 nodes, three copies).
+
+One producer process pushes one message at a time at a fixed rate (each push its own task,
+so a slow confirm does not hold the next tick back); one consumer process iterates
+`client.consume(queue, prefetch=P)` with no other option, and records, for each message,
+when it reached the loop body minus when the producer made it (the body carries its send
+time, CLOCK_MONOTONIC, shared by the processes of this host). A run kept up when every
+message arrived within the run plus 2 s.
+
+    python loadtest/consume_latency.py --rates 200 500 --prefetch 100 1 --seconds 10
+
+prints a row per rate and prefetch: p50, p99 and max in ms, and the messages delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from zdmq import Client
+from zdmq.local import LocalCluster
+
+_HEAD = struct.Struct("<qI")  # send time (ns), counter
+_CTX = mp.get_context("spawn")
+
+
+def _produce(config: str, queue: str, rate: float, n: int, go: Any) -> None:
+    async def main() -> None:
+        async with Client.from_config(config) as c:
+            go.wait()
+            t0 = time.monotonic()
+            tasks = []
+            for i in range(n):
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                body = _HEAD.pack(time.monotonic_ns(), i) + b"x" * 32
+                tasks.append(asyncio.ensure_future(c.push(queue, body)))
+            await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+def _consume(config: str, queue: str, prefetch: int, n: int, limit_s: float, out: Any) -> None:
+    async def main() -> list[float]:
+        lat: list[float] = []
+        async with Client.from_config(config) as c:
+            consumer = c.consume(queue, prefetch=prefetch)
+            out.put("ready")
+            try:
+                async with asyncio.timeout(limit_s):
+                    async for msg in consumer:
+                        sent_ns = _HEAD.unpack_from(msg.body)[0]
+                        lat.append((time.monotonic_ns() - sent_ns) / 1e6)
+                        if len(lat) >= n:
+                            consumer.stop()
+            except TimeoutError:
+                pass
+        return lat
+
+    out.put(asyncio.run(main()))
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def run(cluster: LocalCluster, rate: float, prefetch: int, seconds: float) -> dict[str, Any]:
+    n = int(rate * seconds)
+    queue = f"lat-{int(rate)}-{prefetch}-{time.monotonic_ns()}"
+
+    async def create() -> None:
+        async with Client.from_config(cluster.config_path) as c:
+            await c.create_queue(queue)
+
+    asyncio.run(create())
+    out = _CTX.Queue()
+    go = _CTX.Event()
+    config = str(cluster.config_path)
+    consumer = _CTX.Process(target=_consume, args=(config, queue, prefetch, n, seconds + 10, out))
+    producer = _CTX.Process(target=_produce, args=(config, queue, rate, n, go))
+    consumer.start()
+    producer.start()
+    assert out.get(timeout=60) == "ready"
+    time.sleep(1.0)  # the consumer's first receive is waiting
+    go.set()
+    lat: list[float] = out.get(timeout=seconds + 60)
+    producer.join()
+    consumer.join()
+    return {
+        "rate": rate,
+        "prefetch": prefetch,
+        "delivered": len(lat),
+        "sent": n,
+        "p50": _pct(lat, 0.5),
+        "p99": _pct(lat, 0.99),
+        "max": max(lat, default=float("nan")),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", type=float, nargs="+", default=[200.0, 500.0])
+    ap.add_argument("--prefetch", type=int, nargs="+", default=[100, 1])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--nodes", type=int, default=4)
+    ap.add_argument("--replication", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="zdmq-consume-") as tmp:
+        cluster = LocalCluster.ephemeral(
+            Path(tmp), nodes=args.nodes, replication=args.replication
+        ).start()
+        try:
+            print("| rate/s | prefetch | delivered | p50 ms | p99 ms | max ms |")
+            print("|---|---|---|---|---|---|")
+            for rate in args.rates:
+                for prefetch in args.prefetch:
+                    r = run(cluster, rate, prefetch, args.seconds)
+                    print(
+                        f"| {r['rate']:g} | {r['prefetch']} | {r['delivered']}/{r['sent']} | "
+                        f"{r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} |",
+                        flush=True,
+                    )
+        finally:
+            cluster.close()
+
+
+if __name__ == "__main__":
+    main()
