@@ -323,7 +323,7 @@ async def test_stop_lets_running_handlers_finish_and_ack_then_receives_nothing_m
         await go.wait()
         finished.append((msg.id, msg.body))
 
-    consumer = client.consume(q, handle, concurrency=4, visibility_s=LONG_S, wait_s=1)
+    consumer = client.consume(q, handle, concurrency=4, prefetch=4, visibility_s=LONG_S, wait_s=1)
     outcomes: list[Outcome] = []
 
     async def run() -> None:
@@ -371,6 +371,7 @@ async def test_cancelling_the_iterating_task_finishes_and_acks_running_handlers_
         q,
         handle,
         concurrency=4,
+        prefetch=4,
         visibility_s=LONG_S,
         shutdown_timeout_s=5,
         burst=True,
@@ -540,7 +541,7 @@ async def test_a_waiting_consumer_picks_up_a_message_pushed_after_it_started_wel
             if not picked.done():
                 picked.set_result((time.monotonic(), msg, own.calls["receive"].ops))
 
-        consumer = own.consume(q, handle, concurrency=1, visibility_s=LONG_S, wait_s=5)
+        consumer = own.consume(q, handle, prefetch=1, visibility_s=LONG_S, wait_s=5)
 
         async def run() -> None:
             async for _ in consumer:
