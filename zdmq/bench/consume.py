@@ -7,7 +7,7 @@ when it reached the loop body minus when the producer made it (the body carries 
 time, CLOCK_MONOTONIC, shared by the processes of this host). A run kept up when every
 message arrived within the run plus 2 s.
 
-    python loadtest/consume_latency.py --rates 200 500 --prefetch 100 1 --seconds 10
+    python -m zdmq.bench.consume --rates 200 500 --prefetch 100 1 --seconds 10
 
 prints a row per rate and prefetch: p50, p99 and max in ms, and the messages delivered.
 """
