@@ -17,16 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import struct
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from zdmq import Client
+from zdmq.bench.workloads import make_body, percentile, sent_at
 from zdmq.local import LocalCluster
 
-_HEAD = struct.Struct("<qI")  # send time (ns), counter
 _CTX = mp.get_context("spawn")
 
 
@@ -40,8 +39,7 @@ def _produce(config: str, queue: str, rate: float, n: int, go: Any) -> None:
                 delay = t0 + i / rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                body = _HEAD.pack(time.monotonic_ns(), i) + b"x" * 32
-                tasks.append(asyncio.ensure_future(c.push(queue, body)))
+                tasks.append(asyncio.ensure_future(c.push(queue, make_body(48, 0, i))))
             await asyncio.gather(*tasks)
 
     asyncio.run(main())
@@ -56,8 +54,7 @@ def _consume(config: str, queue: str, prefetch: int, n: int, limit_s: float, out
             try:
                 async with asyncio.timeout(limit_s):
                     async for msg in consumer:
-                        sent_ns = _HEAD.unpack_from(msg.body)[0]
-                        lat.append((time.monotonic_ns() - sent_ns) / 1e6)
+                        lat.append((time.monotonic() - sent_at(msg.body)) * 1e3)
                         if len(lat) >= n:
                             consumer.stop()
             except TimeoutError:
@@ -65,11 +62,6 @@ def _consume(config: str, queue: str, prefetch: int, n: int, limit_s: float, out
         return lat
 
     out.put(asyncio.run(main()))
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
 def run(cluster: LocalCluster, rate: float, prefetch: int, seconds: float) -> dict[str, Any]:
@@ -91,7 +83,7 @@ def run(cluster: LocalCluster, rate: float, prefetch: int, seconds: float) -> di
     assert out.get(timeout=60) == "ready"
     time.sleep(1.0)  # the consumer's first receive is waiting
     go.set()
-    lat: list[float] = out.get(timeout=seconds + 60)
+    lat: list[float] = sorted(out.get(timeout=seconds + 60))
     producer.join()
     consumer.join()
     return {
@@ -99,8 +91,8 @@ def run(cluster: LocalCluster, rate: float, prefetch: int, seconds: float) -> di
         "prefetch": prefetch,
         "delivered": len(lat),
         "sent": n,
-        "p50": _pct(lat, 0.5),
-        "p99": _pct(lat, 0.99),
+        "p50": percentile(lat, 0.5),
+        "p99": percentile(lat, 0.99),
         "max": max(lat, default=float("nan")),
     }
 

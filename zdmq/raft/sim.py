@@ -832,8 +832,11 @@ class _Sim:
             return
         self.queue.refused(call, self.now)
 
+    def _leaders(self) -> list[_Node]:
+        return [n for n in self._running() if n.core and n.core.role is Role.LEADER]
+
     def _step_down(self) -> None:
-        leaders = [n for n in self._running() if n.core and n.core.role is Role.LEADER]
+        leaders = self._leaders()
         if leaders:
             n = self.step_down_rng.choice(leaders)
             assert n.core is not None
@@ -843,7 +846,7 @@ class _Sim:
             self.result.step_downs += 1
 
     def _transfer(self) -> None:
-        leaders = [n for n in self._running() if n.core and n.core.role is Role.LEADER]
+        leaders = self._leaders()
         if leaders:
             core = leaders[0].core
             assert core is not None
