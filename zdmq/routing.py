@@ -104,6 +104,14 @@ class GroupRouter:
             order.sort(key=lambda n: n in suspect or (silent is not None and silent(n)))
         return order
 
+    def _quiet(self, order: Sequence[str]) -> frozenset[str]:
+        """The members of `order` that did not answer lately (none if that is all)."""
+        silent = self._silent
+        quiet = frozenset(
+            n for n in order if n in self._suspect or (silent is not None and silent(n))
+        )
+        return quiet if len(quiet) < len(order) else frozenset()
+
     async def call(
         self, group: str, send: Callable[[str], Awaitable[T]], *, once: bool = False
     ) -> T:
@@ -115,11 +123,15 @@ class GroupRouter:
         tried: set[str] = set()
         for attempt in range(ATTEMPTS):
             order = self.candidates(group)
-            target = next((n for n in order if n not in tried), None)
+            # For the first half of the tries, members that did not answer lately are left
+            # out while another may take the call: a call does not wait out a paused
+            # leader's timeout while the rest of its group elects another.
+            skip = self._quiet(order) if attempt < ATTEMPTS // 2 else frozenset()
+            target = next((n for n in order if n not in tried and n not in skip), None)
             if target is None:  # each member tried once: give an election time, again
                 tried.clear()
                 await asyncio.sleep(BACKOFF_S[attempt])
-                target = order[0]
+                target = next((n for n in order if n not in skip), order[0])
             tried.add(target)
             try:
                 result = await send(target)

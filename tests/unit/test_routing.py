@@ -75,3 +75,23 @@ async def test_it_gives_up_with_the_last_refusal_after_its_bound(
     with pytest.raises(NotLeader):
         await GroupRouter(MEMBERS).call("n1", send)
     assert len(sent) == routing.ATTEMPTS
+
+
+async def test_a_silent_member_is_left_out_while_the_others_elect_and_tried_in_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(routing, "BACKOFF_S", (0.001,) * routing.ATTEMPTS)
+    # n3, the leader that n2 still names, is paused: n1 and n2 refuse (an election runs),
+    # then n2 leads. n3 is never sent the call, so no call waits out its timeout.
+    send, sent = scripted({"n1": [None] * 20, "n2": ["n3", None], "n3": []})
+    router = GroupRouter(MEMBERS, silent=lambda n: n == "n3")
+    assert await router.call("n1", send) == "n2"
+    assert "n3" not in sent
+    # Every other member refusing for half the tries, n3 is tried after all (silence
+    # is this node's own view: n3 may lead, cut off from this node only).
+    send, sent = scripted({"n1": [None] * 20, "n2": [None] * 20, "n3": []})
+    assert await router.call("n1", send) == "n3"
+    assert sent.index("n3") >= routing.ATTEMPTS // 2
+    # A group whose members are all silent is tried as it is, from its first member.
+    send, sent = scripted({"n1": [], "n2": [], "n3": []})
+    assert await GroupRouter(MEMBERS, silent=lambda n: True).call("n1", send) == "n1"

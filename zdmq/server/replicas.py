@@ -179,7 +179,7 @@ class Member:
         self._raft_pool = node_pool(config, secret, node_id, timeout_s=1.0, limit_per_host=4)
         # Calls to other groups find their leaders: this member's own knowledge of the
         # groups it is in, 421 hints for the others.
-        self.router = GroupRouter(self.members, self._leader_of, self.silent, self.urls)
+        self.router = GroupRouter(self.members, self.live_leader, self.silent, self.urls)
         self._fetching: asyncio.Future[None] | None = None
         #: Starts the tasks of a group's Node as it serves here (the app's: monitor and
         #: repair loops, metrics); they are cancelled when the member leaves the group.
@@ -596,8 +596,10 @@ class Member:
             ) from None
 
     def not_leader(self, group: str, leader: str | None = None) -> NotLeader:
-        if leader is None and self.raft is not None and group in self.nodes:
-            leader = self.raft.leader(group)[0]
+        """The refusal of a call for `group`, naming its leader if this member heard
+        from it lately (a leader paused or cut off is not named: an election follows)."""
+        if leader is None:
+            leader = self.live_leader(group)
         where = f"; {leader} leads it" if leader is not None and leader != self.id else ""
         return NotLeader(
             f"{self.id} does not lead group {group}{where}", group=group, leader=leader
@@ -615,11 +617,6 @@ class Member:
             return False
         groups = list(self.nodes) if group is None else [group] if group in self.nodes else []
         return any(self.raft.is_leader(g) and not self.raft.serves(g) for g in groups)
-
-    def _leader_of(self, group: str) -> str | None:
-        if self.raft is not None and group in self.nodes:
-            return self.raft.leader(group)[0]
-        return None
 
     def silent(self, node: str) -> bool:
         """Whether `node` stopped answering this node's Raft traffic (paused, cut off)."""
