@@ -41,6 +41,7 @@ from zdmq.errors import (
     TopicExists,
     TopicNotFound,
     Unauthorized,
+    UpgradeRequired,
     ZdmqError,
 )
 from zdmq.models import (
@@ -100,6 +101,7 @@ __all__ = [
     "TopicExists",
     "TopicNotFound",
     "Unauthorized",
+    "UpgradeRequired",
     "ZdmqError",
     "__version__",
 ]

@@ -73,6 +73,7 @@ __all__ = [
     "TopicExists",
     "TopicNotFound",
     "Unauthorized",
+    "UpgradeRequired",
     "ZdmqError",
     "error_classes",
     "from_wire",
@@ -126,6 +127,13 @@ class InvalidAttributes(BadRequest):
 
 class BatchTooLarge(BadRequest):
     code = "batch_too_large"
+
+
+class UpgradeRequired(ZdmqError):
+    """A call that is a WebSocket (a consumer's stream) made as a plain HTTP call."""
+
+    status = 426
+    code = "upgrade_required"
 
 
 class Unauthorized(ZdmqError):

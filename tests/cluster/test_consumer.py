@@ -658,3 +658,39 @@ async def test_a_consumer_with_no_options_leases_ahead_up_to_its_prefetch_and_re
     assert len(left) == len(pushed) - 1
     with pytest.raises(ValueError, match="prefetch"):
         client.consume(q, prefetch=0)
+
+
+async def test_a_streaming_consumer_handles_each_message_once_and_acks_on_its_streams(
+    client: Client,
+) -> None:
+    q = unique("streamed")
+    await client.create_queue(q)
+    pushed = await push_bodies(client, q, 150)
+    handled: list[str] = []
+    outcomes: list[Outcome] = []
+
+    async def handle(msg: ReceivedMessage) -> None:
+        handled.append(msg.id)
+
+    receives, acks = client.calls["receive"].ops, client.calls["ack"].ops
+    consumer = client.consume(q, handle, concurrency=8, prefetch=40, stream=True)
+    async with asyncio.timeout(60):
+        late: dict[str, bytes] = {}
+
+        async def run() -> None:
+            async for o in consumer:
+                outcomes.append(o)
+                if len(outcomes) == 150:  # what was there at the start: now push while waiting
+                    late.update(await push_bodies(client, q, 50))
+                if len(outcomes) == 200:
+                    consumer.stop()
+
+        await run()
+    assert sorted(handled) == sorted([*pushed, *late])
+    assert all(o.acked and o.code is None for o in outcomes)
+    # Delivered by the nodes' streams, acked on them: no receive, no REST ack.
+    assert client.calls["receive"].ops == receives
+    assert client.calls["ack"].ops == acks
+    assert consumer.received == 200 and consumer.acked == 200
+    stats = await client.stats(q)
+    assert (stats.messages, stats.in_flight) == (0, 0), stats

@@ -54,6 +54,7 @@ PUBLIC = {
     "TopicNotFound",
     "StorageFailed",
     "Unauthorized",
+    "UpgradeRequired",
     "ZdmqError",
     "__version__",
 }

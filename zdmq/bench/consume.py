@@ -2,14 +2,16 @@
 
 One producer process pushes one message at a time at a fixed rate (each push its own task,
 so a slow confirm does not hold the next tick back); one consumer process iterates
-`client.consume(queue, prefetch=P)` with no other option, and records, for each message,
+`client.consume(queue, prefetch=P)` (with `stream=True` for the stream transport) and
+records, for each message,
 when it reached the loop body minus when the producer made it (the body carries its send
 time, CLOCK_MONOTONIC, shared by the processes of this host). A run kept up when every
 message arrived within the run plus 2 s.
 
-    python -m zdmq.bench.consume --rates 200 500 --prefetch 100 1 --seconds 10
+    python -m zdmq.bench.consume --rates 200 500 --prefetch 100 1 --transports receive stream
 
-prints a row per rate and prefetch: p50, p99 and max in ms, and the messages delivered.
+prints a row per rate, transport and prefetch: p50, p99 and max in ms, and the messages
+delivered (`receive`: long-polled receives; `stream`: a stream to every node).
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ def _produce(config: str, queue: str, rate: float, n: int, go: Any) -> None:
     asyncio.run(main())
 
 
-def _consume(config: str, queue: str, prefetch: int, n: int, limit_s: float, out: Any) -> None:
+def _consume(
+    config: str, queue: str, prefetch: int, stream: bool, n: int, limit_s: float, out: Any
+) -> None:
     async def main() -> list[float]:
         lat: list[float] = []
         async with Client.from_config(config) as c:
-            consumer = c.consume(queue, prefetch=prefetch)
+            consumer = c.consume(queue, prefetch=prefetch, stream=stream)
             out.put("ready")
             try:
                 async with asyncio.timeout(limit_s):
@@ -64,7 +68,9 @@ def _consume(config: str, queue: str, prefetch: int, n: int, limit_s: float, out
     out.put(asyncio.run(main()))
 
 
-def run(cluster: LocalCluster, rate: float, prefetch: int, seconds: float) -> dict[str, Any]:
+def run(
+    cluster: LocalCluster, rate: float, prefetch: int, seconds: float, transport: str = "receive"
+) -> dict[str, Any]:
     n = int(rate * seconds)
     queue = f"lat-{int(rate)}-{prefetch}-{time.monotonic_ns()}"
 
@@ -76,7 +82,10 @@ def run(cluster: LocalCluster, rate: float, prefetch: int, seconds: float) -> di
     out = _CTX.Queue()
     go = _CTX.Event()
     config = str(cluster.config_path)
-    consumer = _CTX.Process(target=_consume, args=(config, queue, prefetch, n, seconds + 10, out))
+    stream = transport == "stream"
+    consumer = _CTX.Process(
+        target=_consume, args=(config, queue, prefetch, stream, n, seconds + 10, out)
+    )
     producer = _CTX.Process(target=_produce, args=(config, queue, rate, n, go))
     consumer.start()
     producer.start()
@@ -89,6 +98,7 @@ def run(cluster: LocalCluster, rate: float, prefetch: int, seconds: float) -> di
     return {
         "rate": rate,
         "prefetch": prefetch,
+        "transport": transport,
         "delivered": len(lat),
         "sent": n,
         "p50": percentile(lat, 0.5),
@@ -101,6 +111,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", type=float, nargs="+", default=[200.0, 500.0])
     ap.add_argument("--prefetch", type=int, nargs="+", default=[100, 1])
+    ap.add_argument("--transports", nargs="+", choices=["receive", "stream"], default=["stream"])
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--replication", type=int, default=3)
@@ -110,16 +121,18 @@ def main() -> None:
             Path(tmp), nodes=args.nodes, replication=args.replication
         ).start()
         try:
-            print("| rate/s | prefetch | delivered | p50 ms | p99 ms | max ms |")
-            print("|---|---|---|---|---|---|")
+            print("| rate/s | transport | prefetch | delivered | p50 ms | p99 ms | max ms |")
+            print("|---|---|---|---|---|---|---|")
             for rate in args.rates:
-                for prefetch in args.prefetch:
-                    r = run(cluster, rate, prefetch, args.seconds)
-                    print(
-                        f"| {r['rate']:g} | {r['prefetch']} | {r['delivered']}/{r['sent']} | "
-                        f"{r['p50']:.1f} | {r['p99']:.1f} | {r['max']:.1f} |",
-                        flush=True,
-                    )
+                for transport in args.transports:
+                    for prefetch in args.prefetch:
+                        r = run(cluster, rate, prefetch, args.seconds, transport)
+                        print(
+                            f"| {r['rate']:g} | {transport} | {r['prefetch']} | "
+                            f"{r['delivered']}/{r['sent']} | {r['p50']:.1f} | {r['p99']:.1f} | "
+                            f"{r['max']:.1f} |",
+                            flush=True,
+                        )
         finally:
             cluster.close()
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from zdmq import _http
 from zdmq.auth import TOKEN_ENV, bearer_headers
 from zdmq.backup import GroupBackup, fetch_backup
+from zdmq.client.stream import NodeStream
 from zdmq.cluster_map import initial_map
 from zdmq.config import ClusterConfig
 from zdmq.errors import InternalError, NodeUnavailable, ZdmqError
@@ -72,6 +73,7 @@ from zdmq.models import (
     validate_queue_name,
 )
 from zdmq.routing import GROUP_HEADER, GroupRouter, group_members, members_of_view
+from zdmq.streaming import MAX_CREDIT
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,7 @@ class Client:
         self._ssl = ssl_context
         self._session: _http.HttpPool | None = None
         self._urls: dict[str, str] = {}
+        self._node_ids: list[str] = []  # the nodes of the cluster map routed by
         self._placement: Placement | None = None
         self._router: GroupRouter | None = None
         # The cluster map's epoch this client routes by; a reply naming a newer one has
@@ -203,6 +206,7 @@ class Client:
         partitions, replication = int(info["partitions"]), int(info["replication"])
         # A node that left keeps its URL: a call under way may still reach it.
         self._urls = {**self._urls, **{n["id"]: n["url"].rstrip("/") for n in nodes}}
+        self._node_ids = [n["id"] for n in nodes]
         groups = info.get("groups")
         if groups is None:  # a node that predates the map: one group per node, its ring
             ids = [n["id"] for n in nodes]
@@ -962,6 +966,38 @@ class Client:
             min_priority=min_priority,
         )
         return got
+
+    @property
+    def node_ids(self) -> list[str]:
+        """The nodes of the cluster map this client routes by."""
+        return list(self._node_ids)
+
+    async def open_stream(
+        self,
+        node_id: str,
+        queue: str,
+        *,
+        credit: int,
+        visibility_s: float | None = None,
+        min_priority: int = 0,
+    ) -> NodeStream:
+        """A consumer's stream to one node (docs/api.md, "Streams"): the node leases and
+        sends the messages of the groups it leads while the stream holds credit. Raises
+        the node's refusal (QueueNotFound, Forbidden, ...) or NodeUnavailable."""
+        validate_queue_name(queue)
+        if not 0 <= credit <= MAX_CREDIT:
+            raise ValueError(f"credit must be in 0..{MAX_CREDIT}")
+        return await NodeStream.open(
+            node_id,
+            self._urls[node_id],
+            queue,
+            credit=credit,
+            visibility_s=visibility_s,
+            min_priority=min_priority,
+            headers=bearer_headers(self._token),
+            ssl_context=self._ssl,
+            timeout_s=self._timeout_s,
+        )
 
     async def cancel(self, queue: str, message_id: str) -> None:
         """Removes a message not yet delivered (ready or delayed), on the node its id

@@ -42,7 +42,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zdmq.errors import ZdmqError
+from zdmq.client.stream import NodeStream
+from zdmq.errors import NodeUnavailable, ZdmqError
 from zdmq.models import ReceivedMessage
 
 if TYPE_CHECKING:
@@ -73,9 +74,17 @@ class AckBatcher:
     committed, else its error code (`lease_expired`, `node_unavailable`, ...).
     """
 
-    def __init__(self, client: Client, queue: str) -> None:
+    def __init__(
+        self,
+        client: Client,
+        queue: str,
+        send: Callable[[list[str]], Awaitable[dict[str, str]]] | None = None,
+    ) -> None:
+        """`send(receipts)` acks a batch and returns the failed receipts with their
+        codes (default: `client.ack`)."""
         self.client = client
         self.queue = queue
+        self._send = send or self._rest
         self._pending: dict[str, asyncio.Future[str | None]] = {}
         self._task: asyncio.Task[None] | None = None
         self.calls = 0
@@ -87,6 +96,9 @@ class AckBatcher:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="zdmq-acks")
         return fut
+
+    async def _rest(self, receipts: list[str]) -> dict[str, str]:
+        return (await self.client.ack(self.queue, receipts)).failed
 
     async def flush(self) -> None:
         """Returns once every ack queued so far has its verdict."""
@@ -100,8 +112,7 @@ class AckBatcher:
                 batch, self._pending = self._pending, {}
                 self.calls += 1
                 try:
-                    result = await self.client.ack(self.queue, list(batch))
-                    codes = result.failed
+                    codes = await self._send(list(batch))
                 except ZdmqError as e:
                     codes = dict.fromkeys(batch, e.code)
                 except Exception as e:  # a closed client, say: these acks are lost
@@ -126,6 +137,10 @@ DEFAULT_PREFETCH = 100
 EMPTY_PAUSE_S = 0.1
 # On stop, how long a receive already sent may take to reply before it is cut off.
 STOP_GRACE_S = 1.0
+# Stream mode: the first pause before a stream that ended or could not open is opened
+# again, doubled at each failure in a row up to the second.
+STREAM_RETRY_S = 0.2
+STREAM_RETRY_MAX_S = 2.0
 
 
 class Consumer:
@@ -145,6 +160,7 @@ class Consumer:
         burst: bool = False,
         handle_signals: bool = False,
         min_priority: int = 0,
+        stream: bool = False,
     ) -> None:
         """
         concurrency          handlers at once (with a handler)
@@ -160,6 +176,11 @@ class Consumer:
         burst                stop once a receive finds the queue empty (drain and exit)
         handle_signals       stop gracefully on SIGTERM and SIGINT
         min_priority         receive only messages of this priority or more (0..9)
+        stream               hold a stream to every node (docs/api.md, "Streams"): each
+                               node sends its messages as soon as they are pushed, within
+                               an equal share of `prefetch` as credit (a node with none to
+                               send keeps its share idle), and acks go back on the
+                               stream; a burst consumer receives instead
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -185,7 +206,15 @@ class Consumer:
         self._drained = False
         self._stopped_at: float | None = None
         self._error: ZdmqError | None = None  # what ended the receive loop for good
-        self._acks = AckBatcher(client, queue)
+        self.stream = stream and not burst
+        # Stream mode: the stream each held message came from, the credit owed to each
+        # stream for messages settled since the last grant, and the open streams.
+        self._origin: dict[str, NodeStream] = {}
+        self._owed: dict[NodeStream, int] = {}
+        self._granting = False
+        self._streams: dict[str, NodeStream] = {}
+        self._acked_from: dict[str, NodeStream] = {}  # acks queued: the stream to send on
+        self._acks = AckBatcher(client, queue, self._ack_on_streams if self.stream else None)
         self.received = 0
         self.acked = 0
         self.nacked = 0
@@ -216,8 +245,9 @@ class Consumer:
 
     def _ack(self, msg: ReceivedMessage) -> asyncio.Future[str | None]:
         """Queues the ack of a message this consumer holds: its verdict, once sent."""
-        self._held.pop(msg.receipt, None)
-        self._room.set()
+        origin = self._let_go(msg.receipt)
+        if origin is not None:
+            self._acked_from[msg.receipt] = origin
         fut = self._acks.add(msg.receipt)
         fut.add_done_callback(self._count_ack)
         return fut
@@ -231,11 +261,30 @@ class Consumer:
 
     async def nack(self, msg: ReceivedMessage, delay_s: float = 0.0) -> bool:
         """Releases a message now (body mode): visible again after `delay_s`."""
-        self._held.pop(msg.receipt, None)
-        self._room.set()
+        self._let_go(msg.receipt)
         result = await self.client.nack(self.queue, msg.receipt, delay_s=delay_s)
         self.nacked += result.done
         return result.ok
+
+    def _let_go(self, receipt: str) -> NodeStream | None:
+        """A held message is settled (or being settled): room for another, and in stream
+        mode a credit back to the stream it came from (granted with the others of this
+        moment, in one frame per stream)."""
+        self._held.pop(receipt, None)
+        self._room.set()
+        origin = self._origin.pop(receipt, None)
+        if origin is not None and not origin.closed:
+            self._owed[origin] = self._owed.get(origin, 0) + 1
+            if not self._granting:
+                self._granting = True
+                asyncio.get_running_loop().call_soon(self._grant_owed)
+        return origin
+
+    def _grant_owed(self) -> None:
+        self._granting = False
+        owed, self._owed = self._owed, {}
+        for stream, n in owed.items():
+            stream.grant(n)
 
     def backoff(self, msg: ReceivedMessage) -> float:
         return float(min(self.max_backoff_s, self.backoff_s * 2 ** (msg.receive_count - 1)))
@@ -248,8 +297,9 @@ class Consumer:
         if self.visibility_s is None:
             settings = await self.client.queue_settings(self.queue)
             self.visibility_s = settings.visibility_timeout_s
+        receiving = self._stream_loop() if self.stream else self._receive_loop()
         tasks = [
-            asyncio.create_task(self._receive_loop(), name="zdmq-consumer-receive"),
+            asyncio.create_task(receiving, name="zdmq-consumer-receive"),
             asyncio.create_task(self._heartbeat_loop(), name="zdmq-consumer-heartbeat"),
         ]
         workers: list[asyncio.Task[None]] = []
@@ -341,6 +391,78 @@ class Consumer:
                 # No long poll to pace us: do not spin on an empty queue.
                 await self._wait_or_stop(asyncio.sleep(EMPTY_PAUSE_S))
 
+    async def _stream_loop(self) -> None:
+        """Stream mode: a stream to every node of the cluster map, each holding an equal
+        share of `prefetch` as credit, reopened when it ends."""
+        nodes = self.client.node_ids
+        share = max(1, -(-self.prefetch // len(nodes)))
+        runners = [asyncio.create_task(self._run_stream(n, share)) for n in nodes]
+        try:
+            await self._stopping.wait()
+        finally:
+            for r in runners:
+                r.cancel()
+            await asyncio.gather(*runners, return_exceptions=True)
+            await asyncio.gather(*(s.close() for s in self._streams.values()))
+
+    async def _run_stream(self, node: str, credit: int) -> None:
+        assert self.visibility_s is not None
+        pause = STREAM_RETRY_S
+        while not self.stopping:
+            try:
+                stream = await self.client.open_stream(
+                    node,
+                    self.queue,
+                    credit=credit,
+                    visibility_s=self.visibility_s,
+                    min_priority=self.min_priority,
+                )
+            except ZdmqError as e:
+                if not e.retriable and not isinstance(e, NodeUnavailable):
+                    self._error = e  # for good: the queue does not exist, no right to it
+                    self.stop()
+                    return
+                log.info("stream to %s for %s not opened, retrying: %s", node, self.queue, e)
+                await self._wait_or_stop(asyncio.sleep(pause))
+                pause = min(pause * 2, STREAM_RETRY_MAX_S)
+                continue
+            pause = STREAM_RETRY_S
+            self._streams[node] = stream
+            while (batch := await stream.deliveries.get()) is not None:
+                self.received += len(batch)
+                for msg in batch:
+                    self._held[msg.receipt] = msg
+                    self._origin[msg.receipt] = stream
+                    self._ready.put_nowait(msg)
+            reason = stream.close_reason
+            if reason is not None and not reason.retriable and reason.status < 500:
+                self._error = reason  # the node refused the stream for good
+                self.stop()
+                return
+            log.info("stream to %s for %s ended, reopening: %s", node, self.queue, reason)
+            await self._wait_or_stop(asyncio.sleep(pause))
+
+    async def _ack_on_streams(self, receipts: list[str]) -> dict[str, str]:
+        """Stream mode's acks: each on the stream its message came from (the node that
+        leased it settles it there), REST for those whose stream has ended."""
+        by_stream: dict[NodeStream | None, list[str]] = {}
+        for r in receipts:
+            s = self._acked_from.pop(r, None)
+            by_stream.setdefault(s if s is not None and not s.closed else None, []).append(r)
+        failed: dict[str, str] = {}
+
+        async def on(s: NodeStream | None, part: list[str]) -> None:
+            if s is not None:
+                try:
+                    failed.update((await s.settle("ack", part))[1])
+                    return
+                except NodeUnavailable:
+                    pass  # the stream ended meanwhile: an ack twice is harmless
+            failed.update((await self.client.ack(self.queue, part)).failed)
+
+        await asyncio.gather(*(on(s, p) for s, p in by_stream.items()))
+        return failed
+
     async def _wait_or_stop(self, aw: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(aw)
         stop = asyncio.ensure_future(self._stopping.wait())
@@ -388,8 +510,7 @@ class Consumer:
         if error is None:
             code = await asyncio.shield(self._ack(msg))
             return Outcome(msg, code is None, None, code)
-        self._held.pop(msg.receipt, None)
-        self._room.set()
+        self._let_go(msg.receipt)
         try:
             result = await self.client.nack(self.queue, msg.receipt, delay_s=self.backoff(msg))
         except ZdmqError as e:
@@ -428,7 +549,7 @@ class Consumer:
 
     async def _release(self, msgs: list[ReceivedMessage]) -> None:
         for msg in msgs:
-            self._held.pop(msg.receipt, None)
+            self._let_go(msg.receipt)
         if msgs:
             with contextlib.suppress(ZdmqError):
                 result = await self.client.nack(self.queue, [m.receipt for m in msgs])

@@ -105,6 +105,7 @@ from zdmq.server.routes.queues import (
     queue_metadata,
     receive,
 )
+from zdmq.server.routes.streams import STREAMS, close_streams, stream
 from zdmq.server.routes.topics import (
     broadcast,
     cancel_tied,
@@ -232,6 +233,7 @@ def _taking(params: frozenset[str], handler: Handler) -> Handler:
 _QUERY: dict[Callable[..., Any], frozenset[str]] = {
     pop: frozenset({"max", "wait_s", "min_priority"}),
     receive: frozenset({"max", "visibility_s", "wait_s", "min_priority"}),
+    stream: frozenset({"credit", "visibility_s", "min_priority"}),
     ack: frozenset({"delay_s"}),
     nack: frozenset({"delay_s"}),
     extend: frozenset({"delay_s", "visibility_s"}),
@@ -249,6 +251,7 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
     # The cluster map this node routes by (topology.py): every reply names its epoch.
     topology = Topology(config, config.node_data_dir(node_id))
     app[TOPOLOGY] = topology
+    app[STREAMS] = set()  # consumers' open streams (routes/streams.py)
 
     def epoch_header(m: ClusterMap) -> None:
         app.reply_head = b"%s: %d\r\n" % (EPOCH_HEADER.encode(), m.epoch)
@@ -365,6 +368,8 @@ def make_app(config: ClusterConfig, node_id: str, *, repair: bool = True) -> App
             await served[0].stop()
 
     async def shutdown(app: App) -> None:
+        # Streams end first: their consumers reopen them to the groups' next leaders.
+        await close_streams(app[STREAMS])
         # A graceful stop hands this node's groups over first: they keep serving, with
         # no election timeout to wait out (kill -9 has no such step).
         raft = member.raft if member is not None and app[HAND_OVER] else None
@@ -421,6 +426,7 @@ ROUTES: tuple[tuple[str, str, Callable[[Request], Any], str], ...] = (
     ("POST", "/v1/queues/{queue}/ack", ack, READ),
     ("POST", "/v1/queues/{queue}/nack", nack, READ),
     ("POST", "/v1/queues/{queue}/extend", extend, READ),
+    ("GET", "/v1/queues/{queue}/stream", stream, READ),
     ("GET", "/v1/topics", list_topics, ANY_CLIENT),
     ("PUT", "/v1/topics/{topic}", create_topic, ADMIN),
     ("GET", "/v1/topics/{topic}", get_topic, READ),

@@ -51,11 +51,12 @@ from zdmq.errors import (
     NodeUnavailable,
     RequestTimeout,
     RouteNotFound,
+    UpgradeRequired,
     ZdmqError,
 )
 from zdmq.logs import REQUEST_ID_HEADER, new_request_id, request_id, valid_request_id
 
-__all__ = ["App", "Request", "Response", "json_response", "serve_app"]
+__all__ = ["App", "Request", "Response", "Upgrade", "json_response", "serve_app"]
 
 log = logging.getLogger("zdmq.http")
 
@@ -159,6 +160,22 @@ class Response:
             self.headers["Content-Type"] = content_type
 
 
+class Upgrade(Response):
+    """A `101 Switching Protocols` reply: once it is written, the connection belongs to
+    the protocol `take_over(transport)` returns (the HTTP protocol reads no more of it).
+    Only the reply to a request that asked to upgrade; any other request gets 400."""
+
+    __slots__ = ("take_over",)
+
+    def __init__(
+        self,
+        take_over: Callable[[asyncio.Transport], asyncio.Protocol],
+        headers: Mapping[str, str],
+    ) -> None:
+        super().__init__(status=101, headers=headers)
+        self.take_over = take_over
+
+
 # What a 503 asks its caller to wait, in seconds, before it calls again.
 RETRY_AFTER_S = "1"
 
@@ -171,6 +188,8 @@ def error_response(err: ZdmqError) -> Response:
     resp = json_response(err.to_wire(), status=err.status)
     if isinstance(err, MethodNotAllowed) and err.allow:
         resp.headers["Allow"] = ", ".join(err.allow)  # RFC 9110: a 405 lists what the path takes
+    elif isinstance(err, UpgradeRequired):
+        resp.headers["Upgrade"] = "websocket"  # RFC 9110: a 426 names the protocol to take
     elif err.retriable and err.status == 503:
         resp.headers["Retry-After"] = RETRY_AFTER_S  # a leader, or the node, soon back
     return resp
@@ -616,6 +635,10 @@ class _HttpProtocol(asyncio.Protocol):
                 keep = False
             except Exception as e:
                 resp = _internal_error(req, e)
+        if isinstance(resp, Upgrade):
+            if self._upgrade(req, resp):
+                return
+            resp = error_response(BadRequest("this call switches protocols: send Upgrade"))
         keep = keep and not server.stopping
         resp.headers[REQUEST_ID_HEADER] = rid
         self._write(resp, keep, head_only=req.method == "HEAD", http10=http10)
@@ -629,6 +652,28 @@ class _HttpProtocol(asyncio.Protocol):
             self._close()
             return
         self._continue()
+
+    def _upgrade(self, req: Request, resp: Upgrade) -> bool:
+        """Writes the 101 and hands the connection to the protocol `resp` makes; False
+        (nothing written) when the request did not ask to upgrade. What the caller sent
+        after its request, before the 101, is not read (RFC 6455 has it wait)."""
+        t = self.transport
+        if "upgrade" not in req.headers.get("connection", "").lower() or not self.done:
+            return False
+        self.busy = False
+        self.task = None
+        self.closing = True  # this protocol is done with the connection, not closing it
+        self.server.connections.discard(self)
+        if t is None or t.is_closing():
+            return True
+        t.write(b"HTTP/1.1 101 Switching Protocols\r\n" + _header_lines(resp.headers) + b"\r\n")
+        protocol = resp.take_over(t)
+        t.set_protocol(protocol)
+        protocol.connection_made(t)
+        if self.read_paused:
+            self.read_paused = False
+            t.resume_reading()
+        return True
 
     def _write(
         self, resp: Response, keep: bool, *, head_only: bool = False, http10: bool = False

@@ -308,6 +308,10 @@ class Node:
         # Long polling, on the metadata owner: a version per queue that moves whenever a
         # node reports it has visible messages, and the event its waiters sleep on.
         self._ready_version: defaultdict[str, int] = defaultdict(int)
+        # Per queue: a count of the times this node's own UUID queue gained messages to
+        # deliver, and the event its consumers' streams wait on (stream.py).
+        self.local_version: defaultdict[str, int] = defaultdict(int)
+        self._local_events: dict[str, asyncio.Event] = {}
         self._ready_nodes: dict[str, dict[str, int]] = {}
         self._ready_events: dict[str, asyncio.Event] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -769,6 +773,8 @@ class Node:
         lq = state.queues.get(queue)
         if was_empty and lq is not None and lq.deliverable():
             self._notify_ready(queue)
+        elif stored:
+            self._local_ready(queue)
         return duplicate
 
     def _check_groups(self, queue: str, settings: QueueSettings, items: Sequence[PushItem]) -> None:
@@ -798,11 +804,28 @@ class Node:
         Fire and forget, in the next batch of notices to that owner (OwnerBatches): a
         notice that fails costs a waiter only its wait, never a message.
         """
+        self._local_ready(queue)
         owner = self.meta_owner(queue)
         if owner == self.id:
             self.node_ready(queue, self.id)
         else:
             self._ready_notices.add(owner, queue)
+
+    def _local_ready(self, queue: str) -> None:
+        """This node's UUID queue of `queue` may have gained deliverable messages: the
+        streams waiting on it look again."""
+        self.local_version[queue] += 1
+        ev = self._local_events.pop(queue, None)
+        if ev is not None:
+            ev.set()
+
+    def local_event(self, queue: str) -> asyncio.Event:
+        """Set the next time this node's UUID queue of `queue` may have gained messages
+        to deliver (one event per queue, shared by its waiters)."""
+        ev = self._local_events.get(queue)
+        if ev is None:
+            ev = self._local_events[queue] = asyncio.Event()
+        return ev
 
     def _check_storage(self) -> None:
         # Once a commit failed, memory may be ahead of disk: change nothing more.
