@@ -686,6 +686,7 @@ async def test_a_streaming_consumer_handles_each_message_once_and_acks_on_its_st
                     consumer.stop()
 
         await run()
+    assert consumer.stream
     assert sorted(handled) == sorted([*pushed, *late])
     assert all(o.acked and o.code is None for o in outcomes)
     # Delivered by the nodes' streams, acked on them: no receive, no REST ack.

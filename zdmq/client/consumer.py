@@ -143,6 +143,12 @@ STREAM_RETRY_S = 0.2
 STREAM_RETRY_MAX_S = 2.0
 
 
+def credit_shares(prefetch: int, streams: int) -> list[int]:
+    """`prefetch` split among `streams` as evenly as whole credits go (each at least 1)."""
+    base, extra = divmod(prefetch, streams)
+    return [max(1, base + (1 if i < extra else 0)) for i in range(streams)]
+
+
 class Consumer:
     def __init__(
         self,
@@ -206,7 +212,8 @@ class Consumer:
         self._drained = False
         self._stopped_at: float | None = None
         self._error: ZdmqError | None = None  # what ended the receive loop for good
-        self.stream = stream and not burst
+        self._stream_asked = stream
+        self.stream = False  # decided when the loop starts (it needs the cluster map)
         # Stream mode: the stream each held message came from, the credit owed to each
         # stream for messages settled since the last grant, and the open streams.
         self._origin: dict[str, NodeStream] = {}
@@ -214,7 +221,7 @@ class Consumer:
         self._granting = False
         self._streams: dict[str, NodeStream] = {}
         self._acked_from: dict[str, NodeStream] = {}  # acks queued: the stream to send on
-        self._acks = AckBatcher(client, queue, self._ack_on_streams if self.stream else None)
+        self._acks = AckBatcher(client, queue, self._send_acks)
         self.received = 0
         self.acked = 0
         self.nacked = 0
@@ -297,6 +304,7 @@ class Consumer:
         if self.visibility_s is None:
             settings = await self.client.queue_settings(self.queue)
             self.visibility_s = settings.visibility_timeout_s
+        self.stream = self._streams_wanted()
         receiving = self._stream_loop() if self.stream else self._receive_loop()
         tasks = [
             asyncio.create_task(receiving, name="zdmq-consumer-receive"),
@@ -395,8 +403,10 @@ class Consumer:
         """Stream mode: a stream to every node of the cluster map, each holding an equal
         share of `prefetch` as credit, reopened when it ends."""
         nodes = self.client.node_ids
-        share = max(1, -(-self.prefetch // len(nodes)))
-        runners = [asyncio.create_task(self._run_stream(n, share)) for n in nodes]
+        shares = credit_shares(self.prefetch, len(nodes))
+        runners = [
+            asyncio.create_task(self._run_stream(n, c)) for n, c in zip(nodes, shares, strict=True)
+        ]
         try:
             await self._stopping.wait()
         finally:
@@ -441,6 +451,14 @@ class Consumer:
                 return
             log.info("stream to %s for %s ended, reopening: %s", node, self.queue, reason)
             await self._wait_or_stop(asyncio.sleep(pause))
+
+    def _streams_wanted(self) -> bool:
+        return self._stream_asked and not self.burst
+
+    async def _send_acks(self, receipts: list[str]) -> dict[str, str]:
+        if not self.stream:
+            return (await self.client.ack(self.queue, receipts)).failed
+        return await self._ack_on_streams(receipts)
 
     async def _ack_on_streams(self, receipts: list[str]) -> dict[str, str]:
         """Stream mode's acks: each on the stream its message came from (the node that

@@ -153,6 +153,10 @@ class StreamSession(asyncio.Protocol):
         self._settles: set[asyncio.Task[None]] = set()
         self.closed = False
         self.sent = 0
+        # Clear while the consumer does not read what was written (the transport's buffer
+        # is over its high mark): nothing more is leased until it drains.
+        self._writable = asyncio.Event()
+        self._writable.set()
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -174,6 +178,12 @@ class StreamSession(asyncio.Protocol):
             self.close(close_code(400), f"{e.code}: {e}")
         except Exception as e:  # wsproto's protocol errors, a text frame: a bad WebSocket
             self.close(close_code(400), f"bad_request: {e}")
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
 
     def eof_received(self) -> bool | None:
         self._end()
@@ -250,6 +260,9 @@ class StreamSession(asyncio.Protocol):
                 if self.credit <= 0:
                     self._wake.clear()
                     await self._wake.wait()
+                    continue
+                if not self._writable.is_set():
+                    await self._writable.wait()
                     continue
                 nodes = self._leading()
                 seen = [n.local_version[queue] for n in nodes]
@@ -330,6 +343,7 @@ class StreamSession(asyncio.Protocol):
             return
         self.closed = True
         self._wake.set()
+        self._writable.set()
         self._streams.discard(self)
 
     async def finished(self) -> None:
