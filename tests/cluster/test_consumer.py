@@ -24,7 +24,7 @@ import pytest
 
 from tests.helpers import unique, wait_until
 from zdmq import Client
-from zdmq.client.consumer import DEFAULT_PREFETCH, Consumer, Outcome
+from zdmq.client.consumer import DEFAULT_PREFETCH, STREAM_FLOOR, Consumer, Outcome
 from zdmq.errors import QueueNotFound
 from zdmq.local import LocalCluster
 from zdmq.models import ReceivedMessage
@@ -695,3 +695,19 @@ async def test_a_streaming_consumer_handles_each_message_once_and_acks_on_its_st
     assert consumer.received == 200 and consumer.acked == 200
     stats = await client.stats(q)
     assert (stats.messages, stats.in_flight) == (0, 0), stats
+
+
+async def test_a_streaming_consumer_with_a_small_prefetch_receives_instead(
+    client: Client,
+) -> None:
+    q = unique("small")
+    await client.create_queue(q)
+    await client.push(q, b"one")
+    receives = client.calls["receive"].ops
+    # Under 2 credits a node: an even split would lease more than the prefetch.
+    small = client.consume(q, prefetch=2 * STREAM_FLOOR - 1, stream=True, wait_s=1)
+    async with asyncio.timeout(30):
+        async for _ in small:
+            small.stop()
+    assert not small.stream and small.acked == 1
+    assert client.calls["receive"].ops > receives

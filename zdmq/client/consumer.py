@@ -141,6 +141,9 @@ STOP_GRACE_S = 1.0
 # again, doubled at each failure in a row up to the second.
 STREAM_RETRY_S = 0.2
 STREAM_RETRY_MAX_S = 2.0
+# Stream mode: the least credit of each node's share of `prefetch`; a consumer whose
+# prefetch gives less receives instead.
+STREAM_FLOOR = 2
 
 
 def credit_shares(prefetch: int, streams: int) -> list[int]:
@@ -186,7 +189,8 @@ class Consumer:
                                node sends its messages as soon as they are pushed, within
                                an equal share of `prefetch` as credit (a node with none to
                                send keeps its share idle), and acks go back on the
-                               stream; a burst consumer receives instead
+                               stream; a burst consumer, or one whose prefetch is under
+                               2 a node, receives instead
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -413,7 +417,7 @@ class Consumer:
             for r in runners:
                 r.cancel()
             await asyncio.gather(*runners, return_exceptions=True)
-            await asyncio.gather(*(s.close() for s in self._streams.values()))
+            # The streams stay open until the shutdown's acks have landed on them.
 
     async def _run_stream(self, node: str, credit: int) -> None:
         assert self.visibility_s is not None
@@ -453,7 +457,19 @@ class Consumer:
             await self._wait_or_stop(asyncio.sleep(pause))
 
     def _streams_wanted(self) -> bool:
-        return self._stream_asked and not self.burst
+        """Stream mode when asked for, unless `burst`, or a prefetch too small to give
+        every node a credit of STREAM_FLOOR (the split would lease more than `prefetch`)."""
+        if not self._stream_asked or self.burst:
+            return False
+        if self.prefetch < STREAM_FLOOR * len(self.client.node_ids):
+            log.info(
+                "%s: prefetch %d is under %d a node: receiving rather than streaming",
+                self.queue,
+                self.prefetch,
+                STREAM_FLOOR,
+            )
+            return False
+        return True
 
     async def _send_acks(self, receipts: list[str]) -> dict[str, str]:
         if not self.stream:
@@ -557,6 +573,15 @@ class Consumer:
             return self.shutdown_timeout_s
         return max(self.shutdown_timeout_s - (time.monotonic() - self._stopped_at), 0.0)
 
+    def _undelivered(self) -> list[ReceivedMessage]:
+        """Stream mode, stopping: what the streams brought that the loop did not take."""
+        out: list[ReceivedMessage] = []
+        for s in self._streams.values():
+            while not s.deliveries.empty():
+                out += s.deliveries.get_nowait() or []
+        self.received += len(out)  # received, then released at once
+        return out
+
     async def _release_unstarted(self) -> None:
         unstarted: list[ReceivedMessage] = []
         while not self._ready.empty():
@@ -587,6 +612,7 @@ class Consumer:
             await asyncio.wait([receiving], timeout=min(STOP_GRACE_S, self._shutdown_left()))
         receiving.cancel()
         await self._release_unstarted()
+        await self._release(self._undelivered())
         if workers:
             pending = [w for w in workers if not w.done()]
             for _ in pending:
@@ -599,6 +625,7 @@ class Consumer:
         # and the acks queued in the background land before the loop ends.
         await self._release(list(self._held.values()))
         await self._acks.flush()
+        await asyncio.gather(*(s.close() for s in self._streams.values()))
         for t in tasks + workers:
             t.cancel()
         await asyncio.gather(*tasks, *workers, return_exceptions=True)
