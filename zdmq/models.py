@@ -59,11 +59,13 @@ __all__ = [
     "make_receipt",
     "message_from_wire",
     "message_to_wire",
+    "messages_of_batch",
     "new_message_id",
     "new_message_ids",
     "new_message_ids_on",
     "parse_receipt",
     "received_from_wire",
+    "received_of_batch",
     "validate_body_type",
     "validate_content_type",
     "validate_group",
@@ -796,6 +798,49 @@ def encode_batch(
         fields |= BATCH_GROUPS
         parts += _strings(groups)
     return b"".join([_BATCH_MAGIC, _u32s((count, fields)), *parts])
+
+
+def messages_of_batch(b: Batch) -> list[Message]:
+    """The messages of a pop's reply frame; ValueError for one without ids or bodies."""
+    if not b.count:
+        return []
+    ids, bodies = b.ids, b.bodies
+    if ids is None or bodies is None or None in ids:
+        raise ValueError("a pop or receive reply frame without ids or bodies")
+    ctypes, attrs, prios, groups = _options_of(b)
+    return [
+        Message(mid, body, ctype, a, p, g)
+        for mid, body, ctype, a, p, g in zip(ids, bodies, ctypes, attrs, prios, groups, strict=True)
+    ]
+
+
+def received_of_batch(b: Batch) -> list[ReceivedMessage]:
+    """The leased messages of a receive's reply frame, or of a stream's messages frame;
+    ValueError for one without ids, bodies or receipts."""
+    if not b.count:
+        return []
+    ids, bodies = b.ids, b.bodies
+    if ids is None or bodies is None or None in ids:
+        raise ValueError("a pop or receive reply frame without ids or bodies")
+    receipts, counts = b.receipts, b.receive_counts
+    if receipts is None or counts is None or None in receipts:
+        raise ValueError("a receive reply frame without receipts")
+    ctypes, attrs, prios, groups = _options_of(b)
+    return [
+        ReceivedMessage(mid, body, receipt, count, ctype, a, p, g)
+        for mid, body, receipt, count, ctype, a, p, g in zip(
+            ids, bodies, receipts, counts, ctypes, attrs, prios, groups, strict=True
+        )
+    ]
+
+
+def _options_of(
+    b: Batch,
+) -> tuple[Sequence[str | None], list[dict[str, str]], Sequence[int], Sequence[str | None]]:
+    """A frame's content types, attributes, priorities and groups, one per message."""
+    ctypes = b.content_types or [None] * b.count
+    attrs = [decode_attributes(a) for a in b.attributes] if b.attributes else [{}] * b.count
+    return ctypes, attrs, b.priorities or [0] * b.count, b.groups or [None] * b.count
 
 
 def decode_batch(frame: bytes, *, max_count: int | None = None) -> Batch:

@@ -64,9 +64,11 @@ from zdmq.models import (
     group_receipts,
     message_from_wire,
     message_to_wire,
+    messages_of_batch,
     new_message_id,
     new_message_ids,
     received_from_wire,
+    received_of_batch,
     validate_content_type,
     validate_group,
     validate_message_id,
@@ -1346,29 +1348,7 @@ def _read_messages(reply: _http.Reply, receive: bool) -> list[Message] | list[Re
             return [received_from_wire(m) for m in items]
         return [message_from_wire(m) for m in items]
     b = decode_batch(reply.body)
-    if not b.count:
-        return []
-    ids, bodies = b.ids, b.bodies
-    if ids is None or bodies is None or None in ids:
-        raise ValueError("a pop or receive reply frame without ids or bodies")
-    ctypes = b.content_types or [None] * b.count
-    attrs = [decode_attributes(a) for a in b.attributes] if b.attributes else [{}] * b.count
-    prios = b.priorities or [0] * b.count
-    groups = b.groups or [None] * b.count
-    if receive:
-        receipts, counts = b.receipts, b.receive_counts
-        if receipts is None or counts is None or None in receipts:
-            raise ValueError("a receive reply frame without receipts")
-        return [
-            ReceivedMessage(mid, body, receipt, count, ctype, a, p, g)
-            for mid, body, receipt, count, ctype, a, p, g in zip(
-                ids, bodies, receipts, counts, ctypes, attrs, prios, groups, strict=True
-            )
-        ]
-    return [
-        Message(mid, body, ctype, a, p, g)
-        for mid, body, ctype, a, p, g in zip(ids, bodies, ctypes, attrs, prios, groups, strict=True)
-    ]
+    return received_of_batch(b) if receive else messages_of_batch(b)
 
 
 def _numbers(extra: dict[str, Any]) -> bool:

@@ -147,9 +147,9 @@ STREAM_FLOOR = 2
 
 
 def credit_shares(prefetch: int, streams: int) -> list[int]:
-    """`prefetch` split among `streams` as evenly as whole credits go (each at least 1)."""
+    """`prefetch` split among `streams` as evenly as whole credits go."""
     base, extra = divmod(prefetch, streams)
-    return [max(1, base + (1 if i < extra else 0)) for i in range(streams)]
+    return [base + (1 if i < extra else 0) for i in range(streams)]
 
 
 class Consumer:

@@ -32,7 +32,7 @@ from wsproto.events import (
 )
 
 from zdmq.errors import NodeUnavailable, ZdmqError, from_wire
-from zdmq.models import ReceivedMessage, decode_attributes, decode_batch
+from zdmq.models import ReceivedMessage, decode_batch, received_of_batch
 from zdmq.streaming import MESSAGES, SETTLED, credit_frame, read_frames, settle_frame, unpack
 
 __all__ = ["NodeStream"]
@@ -233,7 +233,7 @@ class NodeStream:
     def _on_frame(self, frame: bytes) -> None:
         kind, payload = frame[0], memoryview(frame)[1:]
         if kind == MESSAGES:
-            self.deliveries.put_nowait(_messages(bytes(payload)))
+            self.deliveries.put_nowait(received_of_batch(decode_batch(bytes(payload))))
         elif kind == SETTLED:
             seq, done, failed = unpack(payload)
             fut = self._settles.get(seq)
@@ -266,24 +266,3 @@ def _close_error(node_id: str, code: int | None, reason: str | None) -> ZdmqErro
         return None if code in (None, 1000) else NodeUnavailable(f"{node_id}: {reason or code}")
     wire_code, _, message = (reason or "").partition(": ")
     return from_wire(code - 4000, {"error": {"code": wire_code, "message": message or reason}})
-
-
-def _messages(frame: bytes) -> list[ReceivedMessage]:
-    b = decode_batch(frame)
-    ids, bodies, receipts, counts = b.ids, b.bodies, b.receipts, b.receive_counts
-    if not b.count:
-        return []
-    if ids is None or bodies is None or receipts is None or counts is None:
-        raise ValueError("a stream's message frame without ids, bodies or receipts")
-    ctypes = b.content_types or [None] * b.count
-    attrs = [decode_attributes(a) for a in b.attributes] if b.attributes else [{}] * b.count
-    prios = b.priorities or [0] * b.count
-    groups = b.groups or [None] * b.count
-    out = []
-    for mid, body, receipt, count, ctype, a, p, g in zip(
-        ids, bodies, receipts, counts, ctypes, attrs, prios, groups, strict=True
-    ):
-        if mid is None or receipt is None:
-            raise ValueError("a stream's message without an id or receipt")
-        out.append(ReceivedMessage(mid, body, receipt, count, ctype, a, p, g))
-    return out
