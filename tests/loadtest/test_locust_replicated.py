@@ -53,6 +53,16 @@ async def leaders(cluster: LocalCluster, group: str, skip: str | None = None) ->
         await pool.close()
 
 
+def rebalance_lines(log: Path, keep: int = 20) -> list[str]:
+    """The last lines of a node's log that speak of moves, groups or failures."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    words = ("rebalance", "move", "WARNING", "ERROR", "Traceback")
+    return [line for line in lines if any(w in line for w in words)][-keep:]
+
+
 async def zerohop_users(
     cluster: LocalCluster, tmp_path: Path
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
@@ -109,10 +119,17 @@ async def test_zerohop_users_started_from_cluster_yaml_follow_a_grown_clusters_m
             cluster.start_node(node)
             await c.add_node(node, address)
 
-        async def idle() -> bool:
-            return not moves_active(await c.moves())
+        seen: list[Any] = []
 
-        await wait_until(idle, timeout_s=120, what="the moves to n5 and n6")
+        async def idle() -> bool:
+            seen[:] = [await c.moves()]
+            return not moves_active(seen[0])
+
+        try:
+            await wait_until(idle, timeout_s=120, what="the moves to n5 and n6")
+        except AssertionError as e:
+            logs = {n: rebalance_lines(p.log_path) for n, p in cluster.nodes.items()}
+            raise AssertionError(f"{e}; the moves: {seen}; the nodes' logs: {logs}") from None
         m = await c.cluster_map()
     assert {g["members"][0] for g in m["groups"]} >= {"n5", "n6"}  # they lead some
     run, final = await zerohop_users(cluster, tmp_path)

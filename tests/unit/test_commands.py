@@ -37,6 +37,7 @@ from zdmq.server.machine import (
     Meta,
     PurgeQueue,
     Push,
+    PushTake,
     Settle,
     Take,
     Tie,
@@ -116,6 +117,14 @@ class Cluster:
                 ]
                 pushed = [(*i, dedup, *o) for i, o in zip(items, options, strict=True)]
                 cmd = Push(q, pushed, self.now, 64, 30.0)
+            if rng.random() < 0.3:  # a stream waits with credit: the push leases for it
+                limit, base = rng.randint(1, 5), f"{rng.getrandbits(48):012x}"
+                retention = rng.choice([None, 50.0])
+                cmd = PushTake(*cmd, limit, retention, rng.choice([5.0, 20.0]), base)
+                result = self.run(cmd)
+                if not isinstance(result, Exception):
+                    self.leases += [(q, t.id, t.token) for t in result[1] if t.token]
+                return
             self.run(cmd)
         elif kind == 1:  # pop or receive
             lease_s = rng.choice([None, 5.0, 20.0])
@@ -258,6 +267,27 @@ def test_leases_carry_the_tokens_of_the_command_so_every_replica_hands_out_the_s
         state, Settle("jobs", "ack", [("m0", "0123456789ab0000"), ("m1", "nope")], 3.0)
     )
     assert [op is not None for op in acked] == [True, False]
+
+
+def test_a_push_take_stores_then_leases_from_the_head_and_a_refused_one_leases_nothing() -> None:
+    state = NodeState()
+    apply_command(state, Push("jobs", [("old", b"", None, False)], 1.0))
+    items = [("a", b"1", None, False), ("b", b"2", None, False)]
+    pushed, taken = apply_command(
+        state, PushTake("jobs", items, 2.0, None, 0.0, 2, None, 30.0, "0123456789ab")
+    )
+    assert pushed == [False, False]
+    assert [(t.id, t.token) for t in taken] == [
+        ("old", "0123456789ab0000"),
+        ("a", "0123456789ab0001"),
+    ]
+    assert state.ready_list("jobs") == ["b"]
+    before = dump(state)
+    refused = apply_command(
+        state, PushTake("jobs", [("c", b"x" * 9, None, False)], 3.0, 8, 0.0, 5, None, 30.0, "t")
+    )
+    assert isinstance(refused, MessageTooLarge)
+    assert dump(state) == before
 
 
 def test_metadata_changes_refuse_a_second_create_and_a_drop_of_nothing() -> None:

@@ -17,6 +17,7 @@ raising it: an error is a result like any other, the same on every replica.
 
     Push        store messages (duplicates and dedup windows decided here)
     Take        pop or lease messages from the head of a UUID queue
+    PushTake    a Push, then a lease (a stream waiting with credit: one commit for both)
     Settle      ack, nack or extend leases
     Expire      requeue (or dead-letter) leases that ran out
     Wake        delayed messages whose time has come become ready
@@ -78,6 +79,7 @@ __all__ = [
     "Meta",
     "PurgeQueue",
     "Push",
+    "PushTake",
     "Settle",
     "Take",
     "Tie",
@@ -123,6 +125,40 @@ class Take(NamedTuple):
     lease_s: float | None = None
     token_base: str = ""
     min_priority: int = 0  # only messages of this priority or more
+
+
+class PushTake(NamedTuple):
+    """A Push, then a Take that leases (`lease_s`) up to `limit` messages of the same
+    queue at the same time: a push that a waiting stream's credit takes at once.
+
+    Result: (the Push's result, the `Taken` messages); or the error that refused the
+    push (nothing stored, nothing leased).
+    """
+
+    queue: str
+    items: Sequence[tuple[Any, ...]]
+    now: float
+    max_message_bytes: int | None
+    dedup_window_s: float
+    limit: int
+    retention_s: float | None
+    lease_s: float
+    token_base: str
+    min_priority: int = 0
+
+    def push(self) -> Push:
+        return Push(self.queue, self.items, self.now, self.max_message_bytes, self.dedup_window_s)
+
+    def take(self) -> Take:
+        return Take(
+            self.queue,
+            self.limit,
+            self.now,
+            self.retention_s,
+            self.lease_s,
+            self.token_base,
+            self.min_priority,
+        )
 
 
 class Settle(NamedTuple):
@@ -250,6 +286,7 @@ class Untie(NamedTuple):
 Command = (
     Push
     | Take
+    | PushTake
     | Settle
     | Expire
     | Wake
@@ -352,6 +389,13 @@ def _take(state: NodeState, c: Take) -> list[Taken]:
         min_priority=c.min_priority,
     )
     return leased
+
+
+def _push_take(state: NodeState, c: PushTake) -> tuple[list[bool], list[Taken]] | ZdmqError:
+    pushed = _push(state, c.push())
+    if isinstance(pushed, ZdmqError):
+        return pushed
+    return pushed, _take(state, c.take())
 
 
 def _settle(state: NodeState, c: Settle) -> list[Op | None]:
@@ -515,6 +559,7 @@ _APPLY: dict[type, Callable[[NodeState, Any], Any]] = {
     Tie: _tie,
     Claim: _claim,
     Untie: _untie,
+    PushTake: _push_take,  # (new kinds go last: a kind's tag is its place here)
 }
 
 

@@ -25,7 +25,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import orjson
 
@@ -51,6 +51,7 @@ from zdmq.hashing import Placement
 from zdmq.logs import REQUEST_ID_HEADER, request_id
 from zdmq.models import (
     BATCH_CONTENT_TYPE,
+    MAX_RECEIVE,
     QueueSettings,
     decode_batch,
     group_key,
@@ -68,6 +69,7 @@ from zdmq.server.machine import (
     Meta,
     PurgeQueue,
     Push,
+    PushTake,
     Settle,
     Take,
     Tie,
@@ -134,6 +136,21 @@ class Delivery(NamedTuple):
     attributes: str | None = None  # a JSON object of string keys and values
     priority: int = 0
     group: str | None = None
+
+
+class Taker(Protocol):
+    """A consumer's stream waiting with credit (routes/streams.py): a push here leases
+    for it in the push's own command (`PushTake`), so the messages go out after one
+    commit rather than two."""
+
+    lease_s: float | None
+    min_priority: int
+
+    def reserve(self, most: int) -> int:
+        """Sets aside up to `most` of its credit; 0 when it takes nothing now."""
+
+    def hand(self, got: list[Delivery], reserved: int) -> None:
+        """What a push leased with the credit `reserve` set aside (the rest goes back)."""
 
 
 # How often the lease monitor looks at the clock at most, and how often it sweeps
@@ -312,6 +329,8 @@ class Node:
         # deliver, and the event its consumers' streams wait on (stream.py).
         self.local_version: defaultdict[str, int] = defaultdict(int)
         self._local_events: dict[str, asyncio.Event] = {}
+        # Per queue: the streams waiting on this node with credit, for pushes to lease for.
+        self.takers: defaultdict[str, list[Taker]] = defaultdict(list)
         self._ready_nodes: dict[str, dict[str, int]] = {}
         self._ready_events: dict[str, asyncio.Event] = {}
         self._background: set[asyncio.Task[Any]] = set()
@@ -762,9 +781,33 @@ class Node:
         self._check_groups(queue, settings, items)
         lq = state.queues.get(queue)
         was_empty = lq is None or not lq.deliverable()
-        duplicate: list[bool] = await self.execute(
-            Push(queue, items, time.time(), settings.max_message_bytes, settings.dedup_window_s)
-        )
+        taker, reserved = self._taker(queue)
+        now = time.time()
+        if taker is None:
+            duplicate: list[bool] = await self.execute(
+                Push(queue, items, now, settings.max_message_bytes, settings.dedup_window_s)
+            )
+        else:
+            got: list[Delivery] = []
+            try:
+                vis = taker.lease_s if taker.lease_s is not None else settings.visibility_timeout_s
+                duplicate, leased = await self.execute(
+                    PushTake(
+                        queue,
+                        items,
+                        now,
+                        settings.max_message_bytes,
+                        settings.dedup_window_s,
+                        reserved,
+                        settings.retention_s,
+                        vis,
+                        self._new_token()[:12],
+                        taker.min_priority,
+                    )
+                )
+                got = await self._leased(queue, leased)
+            finally:
+                taker.hand(got, reserved)
         stored = duplicate.count(False)
         self.counters["pushed"] += stored
         self.counters["duplicates"] += len(items) - stored
@@ -776,6 +819,17 @@ class Node:
         elif stored:
             self._local_ready(queue)
         return duplicate
+
+    def _taker(self, queue: str) -> tuple[Taker | None, int]:
+        """A stream waiting on `queue` here with credit, and the credit it set aside
+        (in turns, when several wait)."""
+        takers = self.takers.get(queue) or []
+        for i, taker in enumerate(takers):
+            reserved = taker.reserve(MAX_RECEIVE)
+            if reserved > 0:
+                takers.append(takers.pop(i))  # the next push tries the others first
+                return taker, reserved
+        return None, 0
 
     def _check_groups(self, queue: str, settings: QueueSettings, items: Sequence[PushItem]) -> None:
         """A FIFO queue's messages each have a group that this node owns, and no
@@ -873,30 +927,13 @@ class Node:
                 assert settings is not None
                 vis = lease_s if lease_s is not None else settings.visibility_timeout_s
                 cmd = Take(queue, limit, now, retention, vis, self._new_token()[:12], min_priority)
-                leased: list[Taken] = await self.execute(cmd)
-                taken = leased
-                # Every leased one has a token.
-                out = [
-                    Delivery(
-                        t.id,
-                        t.body,
-                        t.content_type,
-                        make_receipt(t.id, t.token or ""),
-                        t.receive_count,
-                        t.attributes,
-                        t.priority,
-                        t.group,
-                    )
-                    for t in leased
-                ]
-                self.counters["received"] += len(out)
-                if self.metrics is not None:
-                    self.metrics.count("received", queue, len(out))
+                out = await self._leased(queue, await self.execute(cmd))
+                if out:
+                    return out
             else:
                 popped: list[Taken] = await self.execute(
                     Take(queue, limit, now, retention, None, "", min_priority)
                 )
-                taken = popped
                 out = [
                     Delivery(
                         t.id, t.body, t.content_type, None, 0, t.attributes, t.priority, t.group
@@ -906,10 +943,10 @@ class Node:
                 self.counters["popped"] += len(out)
                 if self.metrics is not None:
                     self.metrics.count("popped", queue, len(out))
-            if any([t.tie is not None for t in taken]):
-                out = await self._claim_ties(queue, taken, out, receive)
-            if out:
-                return out
+                if any([t.tie is not None for t in popped]):
+                    out = await self._claim_ties(queue, popped, out, False)
+                if out:
+                    return out
             lq = state.queues.get(queue)
         # Registered or not: after a restart this node knows none of its registrations
         # (runtime knowledge) while the owner's durable list may still name it.
@@ -919,6 +956,29 @@ class Node:
         elif emptied or (lq is None and listed):
             await self._drop_empty(queue)
         return []
+
+    async def _leased(self, queue: str, leased: list[Taken]) -> list[Delivery]:
+        """The deliveries of messages a command leased (tied ones claimed first)."""
+        # Every leased one has a token.
+        out = [
+            Delivery(
+                t.id,
+                t.body,
+                t.content_type,
+                make_receipt(t.id, t.token or ""),
+                t.receive_count,
+                t.attributes,
+                t.priority,
+                t.group,
+            )
+            for t in leased
+        ]
+        self.counters["received"] += len(out)
+        if self.metrics is not None:
+            self.metrics.count("received", queue, len(out))
+        if any([t.tie is not None for t in leased]):
+            out = await self._claim_ties(queue, leased, out, True)
+        return out
 
     # ---- tied messages -------------------------------------------------------------
     async def _claim_ties(

@@ -2,10 +2,12 @@
 
 A stream delivers the messages of the replica groups this node leads (with one copy:
 the node's own UUID queue), as soon as they are ready and while the consumer has granted
-credit: a push that commits here wakes the stream waiting on its queue, which leases up
-to its credit in one command per group and writes them in one frame. A consumer holds a
-stream to every node, so every group's leader delivers its own messages with no ready
-notice, no metadata list and no second call in between. Leadership that moves is
+credit. A push that comes while a stream waits on its queue leases for the stream in the
+push's own command (`PushTake`), so its messages go out once that one command commits;
+otherwise a push wakes the streams, which lease up to their credit in one command per
+group and write them in one frame. A consumer holds a stream to every node, so every
+group's leader delivers its own messages with no ready notice, no metadata list and no
+second call in between. Leadership that moves is
 followed: a stream delivers from the groups its node leads at each look.
 
 Acks, nacks and extensions come back on the same stream, batched by the consumer, and
@@ -294,11 +296,16 @@ class StreamSession(asyncio.Protocol):
                 self._wake.clear()
                 waits = [asyncio.ensure_future(n.local_event(queue).wait()) for n in nodes]
                 waits.append(asyncio.ensure_future(self._wake.wait()))
+                for n in nodes:  # a push here leases for this stream in its own command
+                    n.takers[queue].append(self)
                 try:
                     await asyncio.wait(waits, timeout=_LOOK_S, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for w in waits:
                         w.cancel()
+                    for n in nodes:
+                        with contextlib.suppress(ValueError):
+                            n.takers[queue].remove(self)
         except QueueNotFound as e:
             self.close(close_code(e.status), f"{e.code}: {e}")
         except ZdmqError as e:
@@ -308,6 +315,26 @@ class StreamSession(asyncio.Protocol):
         except Exception as e:  # never leave a consumer waiting on a dead stream
             log.exception("stream of %s failed", queue)
             self.close(close_code(500), f"internal_error: {e!r}")
+
+    # ---- a push's lease for this stream (Node.push_local: the Taker protocol)
+    def reserve(self, most: int) -> int:
+        if self.closed or not self._writable.is_set():
+            return 0
+        n = max(0, min(most, self.credit))
+        self.credit -= n
+        return n
+
+    def hand(self, got: list[Delivery], reserved: int) -> None:
+        self.credit += reserved - len(got)
+        if not got:
+            return
+        if self.closed:  # the consumer left while they were leased
+            task = asyncio.get_running_loop().create_task(self._release(got))
+            self._settles.add(task)
+            task.add_done_callback(self._settles.discard)
+            return
+        self.sent += len(got)
+        self._send(bytes((MESSAGES,)) + _frame(got))
 
     async def _release(self, got: list[Delivery]) -> None:
         receipts = [d.receipt for d in got if d.receipt is not None]
