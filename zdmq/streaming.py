@@ -9,12 +9,16 @@ From the consumer:
 - `A` ack, `N` nack, `E` extend: msgpack `[seq, [receipt, ...], number]` (number: a
   nack's delay_s, an extend's visibility_s, 0 for an ack). Receipts may be of messages
   any node stores; the node settles them where they live.
+- `D` drain: msgpack `seq`. The node gives back the credit it holds and is not spending
+  (a lease under way keeps what it set aside: what it does not spend stays with the
+  stream), so the consumer can grant it to a stream that has messages to send.
 
 From the node:
 - `M` messages: a batch frame (`application/vnd.zdmq.batch`) of leased messages, with
   ids, bodies, receipts and receive counts, as a receive's reply frame.
 - `S` settled: msgpack `[seq, done, {receipt: code}]`, the result of the consumer's
   `seq`-th ack, nack or extend (the failed receipts with the code of why, as REST's).
+- `R` returned: msgpack `[seq, n]`, the credit the drain `seq` took back.
 
 The node closes a stream with a code of 4000 + the HTTP status of why (4404: the queue
 was deleted, 4400: a bad frame, 4503: the node is stopping) and `code: message` as the
@@ -34,18 +38,23 @@ from wsproto.events import BytesMessage, CloseConnection, Ping, TextMessage
 __all__ = [
     "ACK",
     "CREDIT",
+    "DRAIN",
     "EXTEND",
     "MAX_CREDIT",
     "MAX_SETTLE",
     "MESSAGES",
     "NACK",
+    "RETURNED",
     "SETTLED",
     "SETTLE_KINDS",
     "close_code",
     "credit_frame",
+    "drain_frame",
     "parse_credit",
+    "parse_drain",
     "parse_settle",
     "read_frames",
+    "returned_frame",
     "settle_frame",
     "settled_frame",
     "unpack",
@@ -57,6 +66,8 @@ NACK = 0x4E  # N
 EXTEND = 0x45  # E
 MESSAGES = 0x4D  # M
 SETTLED = 0x53  # S
+DRAIN = 0x44  # D
+RETURNED = 0x52  # R
 SETTLE_KINDS = {ACK: "ack", NACK: "nack", EXTEND: "extend"}
 KIND_OF_ACTION = {v: k for k, v in SETTLE_KINDS.items()}
 
@@ -73,6 +84,14 @@ def close_code(status: int) -> int:
 
 def credit_frame(n: int) -> bytes:
     return bytes((CREDIT,)) + msgpack.packb(n)
+
+
+def drain_frame(seq: int) -> bytes:
+    return bytes((DRAIN,)) + msgpack.packb(seq)
+
+
+def returned_frame(seq: int, n: int) -> bytes:
+    return bytes((RETURNED,)) + msgpack.packb([seq, n])
 
 
 def settle_frame(action: str, seq: int, receipts: list[str], number: float = 0.0) -> bytes:
@@ -96,6 +115,13 @@ def parse_credit(payload: bytes | memoryview) -> int:
     if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_CREDIT:
         raise ValueError(f"credit is an integer in 0..{MAX_CREDIT}")
     return n
+
+
+def parse_drain(payload: bytes | memoryview) -> int:
+    seq = unpack(payload)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise ValueError("a drain's seq is an integer of 0 or more")
+    return seq
 
 
 def parse_settle(payload: bytes | memoryview) -> tuple[int, list[str], float]:

@@ -633,27 +633,39 @@ async def test_a_handler_outliving_shutdown_timeout_is_cancelled_after_it_and_it
     assert took_s < timeout_s + 0.3, f"stop took {took_s:.2f}s with shutdown_timeout_s=0.5"
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streams", "receives"])
 async def test_a_consumer_with_no_options_leases_ahead_up_to_its_prefetch_and_releases_the_rest(
-    client: Client,
+    client: Client, stream: bool
 ) -> None:
-    """As RabbitMQ clients prefetch: a consumer made with no options holds up to
-    DEFAULT_PREFETCH messages while its body works on one, so it keeps up with a producer
-    pushing one at a time; what it did not start goes back at once when it stops."""
+    """As RabbitMQ clients prefetch: a consumer made with no options (streams) or one
+    that receives holds up to DEFAULT_PREFETCH messages while its body works on one, so
+    it keeps up with a producer pushing one at a time; what it did not start goes back
+    at once when it stops. Over streams, a node with nothing more to send keeps
+    STREAM_FLOOR of its credit, so the consumer may hold a little less."""
     q = unique("prefetch")
     await client.create_queue(q)
     pushed = await push_bodies(client, q, DEFAULT_PREFETCH + 50)
-    consumer = client.consume(q, visibility_s=LONG_S)
+    options = {} if stream else {"stream": False}
+    consumer = client.consume(q, visibility_s=LONG_S, **options)
     assert consumer.prefetch == DEFAULT_PREFETCH and consumer.concurrency == 1
+    least = DEFAULT_PREFETCH - (STREAM_FLOOR * (len(client.node_ids) - 1) if stream else 0)
+    most = 0
 
     async def prefetched() -> bool:
-        return len(consumer._held) == DEFAULT_PREFETCH  # never more
+        nonlocal most
+        most = max(most, len(consumer._held))
+        return len(consumer._held) >= least
 
     async with asyncio.timeout(30):
         async for _ in consumer:
             await wait_until(prefetched, timeout_s=10, what="the prefetch leased")
+            await asyncio.sleep(0.3)  # (more would come now, were the prefetch not kept)
+            await prefetched()
             consumer.stop()  # the message in hand is acked, the others released
-    assert consumer.received == DEFAULT_PREFETCH and consumer.acked == 1
-    assert consumer.nacked == DEFAULT_PREFETCH - 1
+    assert consumer.stream == stream
+    assert least <= most <= DEFAULT_PREFETCH, most
+    assert consumer.acked == 1 and consumer.nacked == consumer.received - 1
+    assert least <= consumer.received <= DEFAULT_PREFETCH
     left = await receive_all(client, q, len(pushed) - 1, within_s=5)
     assert len(left) == len(pushed) - 1
     with pytest.raises(ValueError, match="prefetch"):
@@ -693,6 +705,44 @@ async def test_a_streaming_consumer_handles_each_message_once_and_acks_on_its_st
     assert client.calls["receive"].ops == receives
     assert client.calls["ack"].ops == acks
     assert consumer.received == 200 and consumer.acked == 200
+    stats = await client.stats(q)
+    assert (stats.messages, stats.in_flight) == (0, 0), stats
+
+
+async def test_a_streaming_consumer_moves_its_credit_to_the_node_that_has_the_messages(
+    client: Client,
+) -> None:
+    """A batch lands on one node: the credit the other streams hold idle is drained and
+    granted to that node's stream, so every handler gets work; the consumer never holds
+    more than its prefetch."""
+    q = unique("onenode")
+    await client.create_queue(q)
+    await client.push_many(q, [f"m{i}".encode() for i in range(120)])
+    depth = (await client.stats(q)).depth
+    assert sorted(depth.values())[-1] == 120, depth  # one node has them all
+    running, most, held_most = 0, 0, 0
+    outcomes = 0
+    holding: list[Consumer] = []
+
+    async def handle(msg: ReceivedMessage) -> None:
+        nonlocal running, most, held_most
+        running += 1
+        most = max(most, running)
+        held_most = max(held_most, len(holding[0]._held))
+        await asyncio.sleep(0.2)
+        running -= 1
+
+    consumer = client.consume(q, handle, concurrency=40, prefetch=40, stream=True)
+    holding.append(consumer)
+    async with asyncio.timeout(60):
+        async for _ in consumer:
+            outcomes += 1
+            if outcomes == 120:
+                consumer.stop()
+    assert consumer.stream
+    # An even split would give the busy node's stream 10 of the 40.
+    assert most >= 30, most
+    assert held_most <= 40, held_most
     stats = await client.stats(q)
     assert (stats.messages, stats.in_flight) == (0, 0), stats
 

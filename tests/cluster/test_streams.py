@@ -104,6 +104,34 @@ async def test_a_stream_wakes_on_a_push_and_settles_nack_and_extend(client: Clie
             await s.close()
 
 
+async def test_a_drained_stream_sends_nothing_until_it_is_granted_credit_again(
+    client: Client,
+) -> None:
+    q = unique("drain")
+    await client.create_queue(q)
+    streams = await open_all(client, q, credit=10)
+    try:
+        await asyncio.sleep(0.3)  # every stream waits on an empty queue
+        assert [await s.drain() for s in streams] == [10] * len(streams)
+        assert all(s.credit == 0 for s in streams)
+        assert [await s.drain() for s in streams] == [0] * len(streams)  # nothing left
+        ids = set(await client.push_many(q, [b"a", b"b", b"c"]))
+        assert await collect(streams, 1, timeout_s=1.0) == []
+        for s in streams:
+            s.grant(3)  # (a batch is stored on one node)
+        got = await collect(streams, 3, timeout_s=5.0, quiet_s=1.0)
+        assert {m.id for _, m in got} == ids
+        assert all(s.credit >= 0 for s in streams)
+        assert sum(s.credit for s in streams) == 3 * len(streams) - 3
+        for s in streams:
+            mine = [m.receipt for t, m in got if t is s]
+            if mine:
+                assert await s.settle("ack", mine) == (len(mine), {})
+    finally:
+        for s in streams:
+            await s.close()
+
+
 async def test_what_a_closed_stream_held_comes_back_after_its_lease(client: Client) -> None:
     q = unique("stream")
     await client.create_queue(q)

@@ -9,14 +9,19 @@ import pytest
 from zdmq.streaming import (
     ACK,
     CREDIT,
+    DRAIN,
     MAX_CREDIT,
     MAX_SETTLE,
     NACK,
+    RETURNED,
     SETTLED,
     close_code,
     credit_frame,
+    drain_frame,
     parse_credit,
+    parse_drain,
     parse_settle,
+    returned_frame,
     settle_frame,
     settled_frame,
     unpack,
@@ -32,6 +37,16 @@ def test_frames_round_trip() -> None:
     f = settled_frame(7, 1, {"r2": "lease_expired"})
     assert f[0] == SETTLED and unpack(f[1:]) == [7, 1, {"r2": "lease_expired"}]
     assert close_code(404) == 4404
+    f = drain_frame(9)
+    assert f[0] == DRAIN and parse_drain(f[1:]) == 9
+    f = returned_frame(9, 23)
+    assert f[0] == RETURNED and unpack(f[1:]) == [9, 23]
+
+
+@pytest.mark.parametrize("payload", [b"\xc1", msgpack.packb(-1), msgpack.packb(False), b""])
+def test_bad_drains_are_refused(payload: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_drain(payload)
 
 
 @pytest.mark.parametrize(

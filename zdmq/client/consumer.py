@@ -10,7 +10,8 @@ Two ways to use it, both `async for`:
 
     # 2. Without one: the loop body is the handler. A message is acked when the body
     #    asks for the next one (the ack is sent in the background); `consumer.nack(msg)`
-    #    releases it instead. Up to `prefetch` messages (100) are leased ahead.
+    #    releases it instead. Up to `prefetch` messages (100) are leased ahead, sent by
+    #    the nodes on a stream each as they are pushed (or received, `stream=False`).
     async for msg in client.consume("jobs"):
         ...
 
@@ -144,6 +145,10 @@ STREAM_RETRY_MAX_S = 2.0
 # Stream mode: the least credit of each node's share of `prefetch`; a consumer whose
 # prefetch gives less receives instead.
 STREAM_FLOOR = 2
+# Stream mode: how often the credit is looked at (and moved to the streams short of
+# it), and how long a stream that delivers nothing is taken for idle.
+BALANCE_S = 0.05
+IDLE_S = 0.25
 
 
 def credit_shares(prefetch: int, streams: int) -> list[int]:
@@ -169,7 +174,7 @@ class Consumer:
         burst: bool = False,
         handle_signals: bool = False,
         min_priority: int = 0,
-        stream: bool = False,
+        stream: bool = True,
     ) -> None:
         """
         concurrency          handlers at once (with a handler)
@@ -185,12 +190,12 @@ class Consumer:
         burst                stop once a receive finds the queue empty (drain and exit)
         handle_signals       stop gracefully on SIGTERM and SIGINT
         min_priority         receive only messages of this priority or more (0..9)
-        stream               hold a stream to every node (docs/api.md, "Streams"): each
-                               node sends its messages as soon as they are pushed, within
-                               an equal share of `prefetch` as credit (a node with none to
-                               send keeps its share idle), and acks go back on the
-                               stream; a burst consumer, or one whose prefetch is under
-                               2 a node, receives instead
+        stream               (default) hold a stream to every node (docs/api.md,
+                               "Streams"): each node sends its messages as soon as they
+                               are pushed, within credit that adds up to `prefetch` and
+                               moves to the nodes that have messages, and acks go back
+                               on the stream; False, a burst consumer, or one whose
+                               prefetch is under 2 a node receives instead
         """
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -284,7 +289,12 @@ class Consumer:
         self._held.pop(receipt, None)
         self._room.set()
         origin = self._origin.pop(receipt, None)
-        if origin is not None and not origin.closed:
+        if origin is not None and origin.closed:
+            # Its node's stream now, if it was opened again (else the credit is counted
+            # in when it opens: what it holds at its start).
+            origin = self._streams.get(origin.node_id)
+        if origin is not None and not origin.closed and not self.stopping:
+            # (A stopping consumer grants nothing: what it lets go is not replaced.)
             self._owed[origin] = self._owed.get(origin, 0) + 1
             if not self._granting:
                 self._granting = True
@@ -411,6 +421,7 @@ class Consumer:
         runners = [
             asyncio.create_task(self._run_stream(n, c)) for n, c in zip(nodes, shares, strict=True)
         ]
+        runners.append(asyncio.create_task(self._balance_loop(), name="zdmq-consumer-balance"))
         try:
             await self._stopping.wait()
         finally:
@@ -422,7 +433,14 @@ class Consumer:
     async def _run_stream(self, node: str, credit: int) -> None:
         assert self.visibility_s is not None
         pause = STREAM_RETRY_S
+        first = True
         while not self.stopping:
+            if not first:
+                # Opened again: what `prefetch` leaves, less what is held and what the
+                # other streams hold (the balancer moves credit to it if it needs some).
+                others = sum(s.credit for s in self._streams.values() if not s.closed)
+                credit = max(0, self.prefetch - len(self._held) - others)
+            first = False
             try:
                 stream = await self.client.open_stream(
                     node,
@@ -455,6 +473,48 @@ class Consumer:
                 return
             log.info("stream to %s for %s ended, reopening: %s", node, self.queue, reason)
             await self._wait_or_stop(asyncio.sleep(pause))
+
+    async def _balance_loop(self) -> None:
+        """Stream mode: moves credit to where messages are. Pushed messages may all land
+        on one node (a batch goes to one group), while the others hold their shares
+        idle. A stream that is short of credit (under STREAM_FLOOR: it spent what it
+        had) gets credit drained from the others: one that delivered nothing for
+        IDLE_S keeps STREAM_FLOOR, one that is busy keeps an even share; what is
+        drained beyond what the short ones need goes to those that delivered lately.
+        The credit of all the streams, and what the consumer holds, stay within
+        `prefetch`: credit is only ever moved."""
+        while not self.stopping:
+            await asyncio.sleep(BALANCE_S)
+            open_ = [s for s in self._streams.values() if not s.closed]
+            short = [s for s in open_ if s.credit < STREAM_FLOOR]
+            if len(open_) < 2 or not short:
+                continue
+            now = time.monotonic()
+            hungry = [s for s in short if now - s.last_delivery < IDLE_S]
+            even = max(self.prefetch // len(open_), STREAM_FLOOR)
+            want = sum(STREAM_FLOOR - s.credit for s in short)
+            pool = 0
+            for s in open_:
+                keep = STREAM_FLOOR if now - s.last_delivery >= IDLE_S else even
+                if s in short or s.credit <= keep:
+                    continue
+                try:
+                    n = await s.drain()
+                except NodeUnavailable:
+                    continue
+                spare = max(n - keep, 0)
+                give = spare if hungry else min(spare, max(want - pool, 0))
+                s.grant(n - give)
+                pool += give
+            for s in short:
+                top = min(pool, STREAM_FLOOR - s.credit)
+                if top > 0 and not s.closed:
+                    s.grant(top)
+                    pool -= top
+            targets = [s for s in hungry if not s.closed] or [s for s in open_ if not s.closed]
+            if pool and targets:
+                for s, n in zip(targets, credit_shares(pool, len(targets)), strict=True):
+                    s.grant(n)
 
     def _streams_wanted(self) -> bool:
         """Stream mode when asked for, unless `burst`, or a prefetch too small to give

@@ -2,8 +2,10 @@
 
 `NodeStream.open` connects, upgrades to a WebSocket (wsproto on a plain asyncio
 connection, TLS as the client's other calls) and grants the first credit; deliveries
-arrive in `deliveries` as lists of `ReceivedMessage`; `grant` gives more credit;
-`settle` acks, nacks or extends on the same connection and returns the node's verdict.
+arrive in `deliveries` as lists of `ReceivedMessage`; `grant` gives more credit and
+`drain` takes back what the node holds unspent (`credit` is what it holds, as far as
+this end knows); `settle` acks, nacks or extends on the same connection and returns
+the node's verdict.
 A stream that ends (the node stopped, died, or went silent past `silent_s` while it
 was pinged) puts None in `deliveries` and fails the settles in flight with
 NodeUnavailable: the consumer reopens it, and what was sent on it and not settled comes
@@ -33,7 +35,16 @@ from wsproto.events import (
 
 from zdmq.errors import NodeUnavailable, ZdmqError, from_wire
 from zdmq.models import ReceivedMessage, decode_batch, received_of_batch
-from zdmq.streaming import MESSAGES, SETTLED, credit_frame, read_frames, settle_frame, unpack
+from zdmq.streaming import (
+    MESSAGES,
+    RETURNED,
+    SETTLED,
+    credit_frame,
+    drain_frame,
+    read_frames,
+    settle_frame,
+    unpack,
+)
 
 __all__ = ["NodeStream"]
 
@@ -57,6 +68,12 @@ class NodeStream:
         self._writer: asyncio.StreamWriter | None = None
         self._seq = 0
         self._settles: dict[int, asyncio.Future[tuple[int, dict[str, str]]]] = {}
+        self._drains: dict[int, asyncio.Future[int]] = {}
+        # Credit granted, messages delivered and credit drained back, since the start.
+        self.granted = 0
+        self.delivered = 0
+        self.returned = 0
+        self.last_delivery = time.monotonic()  # (or the start)
         self._tasks: list[asyncio.Task[None]] = []
         self._heard = time.monotonic()
         self._partial = bytearray()
@@ -89,6 +106,7 @@ class NodeStream:
         except (OSError, TimeoutError, ssl.SSLError) as e:
             self._abort()
             raise NodeUnavailable(f"{node_id}: stream not opened: {e!r}") from None
+        self.granted = credit
         self._tasks = [
             asyncio.create_task(self._read_loop(), name=f"zdmq-stream-{node_id}"),
             asyncio.create_task(self._ping_loop(), name=f"zdmq-stream-ping-{node_id}"),
@@ -150,10 +168,39 @@ class NodeStream:
                         raise from_wire(status, payload)
 
     # ---- use
+    @property
+    def credit(self) -> int:
+        """What the node may still lease to this stream: granted, less what it sent and
+        what drains took back (a grant or a batch on the way aside)."""
+        return self.granted - self.delivered - self.returned
+
     def grant(self, n: int) -> None:
         """Lets the node lease `n` more messages to this stream."""
-        if n > 0:
+        if n > 0 and not self.closed:
+            self.granted += n
             self._send(credit_frame(n))
+
+    async def drain(self) -> int:
+        """Takes back the credit the node holds unspent; returns how much. What arrives
+        meanwhile was sent with credit the drain did not find. NodeUnavailable if the
+        stream ends first."""
+        if self.closed:
+            raise NodeUnavailable(f"{self.node_id}: the stream is closed")
+        self._seq += 1
+        seq = self._seq
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._drains[seq] = fut
+        try:
+            self._send(drain_frame(seq))
+            async with asyncio.timeout(self.timeout_s):
+                n = await fut
+        except TimeoutError:
+            raise NodeUnavailable(
+                f"{self.node_id}: no answer to a drain on the stream in {self.timeout_s:g} s"
+            ) from None
+        finally:
+            self._drains.pop(seq, None)
+        return n
 
     async def settle(
         self, action: str, receipts: list[str], number: float = 0.0
@@ -233,7 +280,16 @@ class NodeStream:
     def _on_frame(self, frame: bytes) -> None:
         kind, payload = frame[0], memoryview(frame)[1:]
         if kind == MESSAGES:
-            self.deliveries.put_nowait(received_of_batch(decode_batch(bytes(payload))))
+            batch = received_of_batch(decode_batch(bytes(payload)))
+            self.delivered += len(batch)
+            self.last_delivery = time.monotonic()
+            self.deliveries.put_nowait(batch)
+        elif kind == RETURNED:
+            seq, n = unpack(payload)
+            self.returned += int(n)
+            drained = self._drains.get(seq)
+            if drained is not None and not drained.done():
+                drained.set_result(int(n))
         elif kind == SETTLED:
             seq, done, failed = unpack(payload)
             fut = self._settles.get(seq)
@@ -251,6 +307,9 @@ class NodeStream:
         for fut in self._settles.values():
             if not fut.done():
                 fut.set_exception(err)
+        for drained in self._drains.values():
+            if not drained.done():
+                drained.set_exception(err)
         self.deliveries.put_nowait(None)
         self._abort()
 

@@ -41,6 +41,7 @@ from zdmq.server.routes.common import MEMBER, NODE, _float_param, _int_param, _q
 from zdmq.server.routes.queues import _settle_receipts
 from zdmq.streaming import (
     CREDIT,
+    DRAIN,
     EXTEND,
     MAX_CREDIT,
     MESSAGES,
@@ -48,8 +49,10 @@ from zdmq.streaming import (
     SETTLE_KINDS,
     close_code,
     parse_credit,
+    parse_drain,
     parse_settle,
     read_frames,
+    returned_frame,
     settled_frame,
 )
 
@@ -201,6 +204,11 @@ class StreamSession(asyncio.Protocol):
                 self.credit = min(MAX_CREDIT, self.credit + parse_credit(payload))
                 self._wake.set()
                 return
+            if kind == DRAIN:
+                seq = parse_drain(payload)
+                returned, self.credit = self.credit, 0
+                self._send(returned_frame(seq, returned))
+                return
             action = SETTLE_KINDS.get(kind)
             if action is None:
                 raise BadRequest(f"unknown frame kind {kind:#x}")
@@ -270,11 +278,14 @@ class StreamSession(asyncio.Protocol):
                 seen = [n.local_version[queue] for n in nodes]
                 got: list[Delivery] = []
                 for node in nodes:
-                    want = min(self.credit - len(got), MAX_RECEIVE)
+                    # Set aside while the take runs (a drain leaves it alone), and what
+                    # the take does not spend goes back.
+                    want = self.reserve(MAX_RECEIVE)
                     if want <= 0:
                         break
+                    part: list[Delivery] = []
                     try:
-                        got += await node.take_local(
+                        part = await node.take_local(
                             queue,
                             want,
                             lease_s=self.lease_s,
@@ -283,11 +294,13 @@ class StreamSession(asyncio.Protocol):
                         )
                     except NotLeader:
                         continue
+                    finally:
+                        self.credit += want - len(part)
+                    got += part
                 if got:
                     if self.closed:  # the consumer left while they were leased
                         await self._release(got)
                         return
-                    self.credit -= len(got)
                     self.sent += len(got)
                     self._send(bytes((MESSAGES,)) + _frame(got))
                     continue
