@@ -59,8 +59,9 @@ def test_server_cpu_is_read_from_proc_and_a_gone_pid_counts_zero() -> None:
 def test_sequential_and_throughput_move_every_message_through_a_real_node() -> None:
     with zdmq_systems([1], ["os"]) as [spec, consumer]:
         rows = workload_sequential(spec, TINY) + workload_throughput(spec, TINY)
-        # The consumer row: prefetched receives and background acks, all committed (and
-        # what one client leased ahead released for the other) before the phase ends.
+        # The consumer row: client.consume over streams, acks in the background, all
+        # committed (and what one client leased ahead released for the other) before the
+        # phase ends.
         c1, c2 = workload_sequential(consumer, TINY)
         assert consumer.workloads == ("sequential",) and consumer.options["prefetch"] > 1
         assert c1["recv_rate"] > 0 and c2["recv_rate"] > 0

@@ -51,7 +51,7 @@ ABOUT = {
 }
 PER_SYSTEM = tuple(WORKLOADS)
 DEFAULT_WORKLOADS = (*PER_SYSTEM, "floor")
-PREFETCH = 100  # messages the consumer rows lease ahead (one receive call's worth)
+PREFETCH = 100  # the consumer rows' prefetch (client.consume's default)
 
 
 @contextlib.contextmanager
@@ -96,9 +96,9 @@ def zdmq_systems(
                     options={"config": str(cluster.config_path), "prefetch": PREFETCH},
                     server_pids=pids,
                     note=(
-                        f"the same cluster through a consumer: {PREFETCH} leased ahead, "
-                        "acks batched in the background and all committed before the "
-                        "phase ends (as RabbitMQ's consumer: prefetch, acks not awaited)"
+                        f"the same cluster through client.consume: prefetch {PREFETCH} over "
+                        "streams, acks batched in the background and all committed before "
+                        "the phase ends (as RabbitMQ's consumer: prefetch, acks not awaited)"
                     ),
                     workloads=("sequential",),
                 )
