@@ -242,6 +242,36 @@ async def test_a_fast_body_consumer_acks_in_batches_and_every_ack_is_committed_a
     assert (stats.messages, stats.in_flight) == (0, 0)
 
 
+async def test_a_handler_consumer_takes_its_next_message_while_the_last_ones_ack_commits(
+    client: Client,
+) -> None:
+    """With one handler at a time (the default), a message's ack is on its way while the
+    next one is handled: the acks go in batches, and each Outcome still comes once its
+    ack has committed."""
+    q = unique("handled")
+    await client.create_queue(q, visibility_timeout_s=LONG_S)
+    pushed = await push_bodies(client, q, 300)
+    seen: list[tuple[str, bytes]] = []
+
+    async def handle(msg: ReceivedMessage) -> None:
+        seen.append((msg.id, msg.body))
+
+    outcomes: list[Outcome] = []
+    consumer: Consumer = client.consume(q, handle)
+    async with asyncio.timeout(30):
+        async for o in consumer:
+            outcomes.append(o)
+            if len(outcomes) == 300:
+                consumer.stop()
+    assert check(pushed, seen) == Verdict()
+    assert all(o.acked and o.code is None for o in outcomes)
+    assert sorted(o.message.id for o in outcomes) == sorted(pushed)
+    # One ack call a message, were each handler waiting for its own ack.
+    assert consumer.ack_batches <= 300 // 5, consumer.ack_batches
+    stats = await client.stats(q)
+    assert (stats.messages, stats.in_flight) == (0, 0)
+
+
 async def test_raising_in_the_body_releases_the_message_in_hand_and_the_prefetched_ones_at_once(
     client: Client,
 ) -> None:

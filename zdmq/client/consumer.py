@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -231,6 +232,7 @@ class Consumer:
         self._streams: dict[str, NodeStream] = {}
         self._acked_from: dict[str, NodeStream] = {}  # acks queued: the stream to send on
         self._acks = AckBatcher(client, queue, self._send_acks)
+        self._acking: set[asyncio.Future[Outcome]] = set()  # handlers' acks on their way
         self.received = 0
         self.acked = 0
         self.nacked = 0
@@ -598,7 +600,21 @@ class Consumer:
             except Exception as e:
                 outcomes.put_nowait(await self._settle(msg, e))
             else:
-                outcomes.put_nowait(await self._settle(msg, None))
+                # The next message does not wait for this one's ack to commit: the acks
+                # of a handler's messages go in batches behind each other, and each
+                # Outcome comes once its ack has committed.
+                acking = asyncio.ensure_future(self._settle(msg, None))
+                self._acking.add(acking)
+                acking.add_done_callback(functools.partial(self._acked_out, msg, outcomes))
+
+    def _acked_out(
+        self, msg: ReceivedMessage, outcomes: asyncio.Queue[Any], acking: asyncio.Future[Outcome]
+    ) -> None:
+        self._acking.discard(acking)
+        if acking.cancelled() or acking.exception() is not None:
+            outcomes.put_nowait(Outcome(msg, False, None, "cancelled"))
+        else:
+            outcomes.put_nowait(acking.result())
 
     async def _settle(self, msg: ReceivedMessage, error: BaseException | None) -> Outcome:
         if error is None:
@@ -625,6 +641,8 @@ class Consumer:
         for _ in workers:
             self._ready.put_nowait(_DONE)
         await asyncio.wait(workers, timeout=self._shutdown_left())
+        if self._acking:  # the Outcomes of the acks on their way come first
+            await asyncio.wait(list(self._acking), timeout=max(self._shutdown_left(), 1.0))
         outcomes.put_nowait(_DONE)
 
     def _shutdown_left(self) -> float:

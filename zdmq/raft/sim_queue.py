@@ -49,6 +49,7 @@ from zdmq.server.machine import (
     Meta,
     MetaOp,
     Push,
+    PushTake,
     Settle,
     Take,
     Wake,
@@ -143,7 +144,7 @@ def stored_ids(state: NodeState) -> set[str]:
 
 @dataclass(slots=True)
 class _Call:
-    kind: str  # push | pop | receive | ack | nack | expire | wake
+    kind: str  # push | push_take | pop | receive | ack | nack | expire | wake | ...
     data: bytes
     cmd: Command
     start: int
@@ -283,6 +284,11 @@ class QueueClients:
                     if deadline:
                         self.deadlines[mid] = deadline
             cmd = Push(QUEUE, items, now)
+        if kind == "push" and rng.random() < 0.25:  # a stream waits: the push leases for it
+            kind = "push_take"
+            assert isinstance(cmd, Push)
+            lease_s = rng.choice([10.0, 120.0])
+            cmd = PushTake(*cmd, rng.randint(1, 3), None, lease_s, f"s{n}.", floor)
         data = encode_command(cmd)
         self.calls.append(_Call(kind, data, cmd, step))
         self.by_data[data] = n
@@ -317,6 +323,9 @@ class QueueClients:
     def _answer(self, call: int, status: str, step: int, result: Any = None) -> None:
         c = self.calls[call]
         c.status, c.end, c.result = status, step, result
+        if status == "ok" and c.kind == "push_take" and isinstance(result, tuple):
+            assert isinstance(c.cmd, PushTake)
+            self.leases += [(c.cmd.queue, t.id, t.token) for t in result[1] if t.token is not None]
         if status == "ok" and c.kind == "receive" and isinstance(result, list):
             assert isinstance(c.cmd, Take)
             # (A client answered from another entry than its own, in the tests that break
@@ -342,13 +351,24 @@ class QueueClients:
             if e.data is None or not is_command(e):
                 continue
             cmd = decode_command(e.data)
+            if type(cmd) is PushTake:
+                # Its push, then its take, each checked as they are on their own.
+                pushed_part = apply_command(truth, cmd.push())
+                if isinstance(pushed_part, Exception):
+                    results[e.data] = pushed_part
+                    continue
+                _track_fifo(cmd.push(), pushed_part, order)
+                before = _fifo_view(truth, order, max(cmd.now, truth.clock))
+                taken = apply_command(truth, cmd.take())
+                results[e.data] = (pushed_part, taken)
+                if cmd.queue == FIFO:
+                    problems += _fifo_problems(before, taken, e.index)
+                continue
             if type(cmd) is Take and cmd.queue == FIFO:
                 before = _fifo_view(truth, order, max(cmd.now, truth.clock))
             result = results[e.data] = apply_command(truth, cmd)
-            if type(cmd) is Push and cmd.queue == FIFO and isinstance(result, list):
-                for item, repeat in zip(cmd.items, result, strict=True):
-                    if not repeat:
-                        order.setdefault(item[8], []).append(item[0])
+            if type(cmd) is Push:
+                _track_fifo(cmd, result, order)
             elif type(cmd) is Take and cmd.queue == FIFO:
                 problems += _fifo_problems(before, result, e.index)
             if type(cmd) is Take and cmd.lease_s is None:
@@ -379,8 +399,8 @@ class QueueClients:
         pushed = {
             item[0]
             for c in told
-            if c.kind == "push"
-            for (item, repeat) in zip(c.cmd.items, c.result, strict=True)  # type: ignore[union-attr]
+            if c.kind in ("push", "push_take")
+            for (item, repeat) in zip(c.cmd.items, _pushed(c), strict=True)  # type: ignore[union-attr]
             if not repeat
         }
         expired = {mid for mid, d in self.deadlines.items() if d <= truth.clock}
@@ -404,9 +424,9 @@ class QueueClients:
             elif c.kind == "cancel" and c.result == "cancelled":
                 cancelled[c.cmd.id] = c.end  # type: ignore[union-attr]
         for c in told:
-            if c.kind not in ("pop", "receive"):
+            if c.kind not in ("pop", "receive", "push_take"):
                 continue
-            for t in c.result:
+            for t in _delivered(c):
                 if t.id in popped and c.start > popped[t.id]:
                     problems.append(f"{t.id} delivered again after an ok pop")
                 if t.id in acked and c.start > acked[t.id]:
@@ -423,12 +443,12 @@ class QueueClients:
         for c in self.calls:
             if c.status == "ok":
                 k.ok += 1
-                if c.kind == "push":
-                    k.pushed += sum(1 for repeat in c.result if not repeat)
-                elif c.kind in ("pop", "receive"):
-                    k.delivered += len(c.result)
+                if c.kind in ("push", "push_take"):
+                    k.pushed += sum(1 for repeat in _pushed(c) if not repeat)
+                if c.kind in ("pop", "receive", "push_take"):
+                    k.delivered += len(_delivered(c))
                     if c.cmd.queue == FIFO:  # type: ignore[union-attr]
-                        k.fifo_delivered += len(c.result)
+                        k.fifo_delivered += len(_delivered(c))
                 elif c.kind == "ack":
                     k.acked += sum(1 for op in c.result if op is not None)
                 elif c.kind == "cancel":
@@ -442,6 +462,25 @@ class QueueClients:
             else:
                 k.unknown += 1
         return k
+
+
+def _pushed(c: _Call) -> list[bool]:
+    """An ok push's result (of a push_take, its push's)."""
+    return list(c.result[0] if c.kind == "push_take" else c.result)
+
+
+def _delivered(c: _Call) -> list[Any]:
+    """What an ok pop, receive or push_take handed out."""
+    return list(c.result[1] if c.kind == "push_take" else c.result)
+
+
+def _track_fifo(cmd: Push, result: Any, order: dict[str, list[str]]) -> None:
+    """Records the FIFO messages a committed push stored, in push order per group."""
+    if cmd.queue != FIFO or not isinstance(result, list):
+        return
+    for item, repeat in zip(cmd.items, result, strict=True):
+        if not repeat:
+            order.setdefault(item[8], []).append(item[0])
 
 
 def _dlq(queue: str) -> str | None:
