@@ -2,8 +2,9 @@
 
 One producer process pushes one message at a time at a fixed rate (each push its own task,
 so a slow confirm does not hold the next tick back); one consumer process iterates
-`client.consume(queue, prefetch=P)` (with `stream=True` for the stream transport) and
-records, for each message,
+`client.consume(queue, prefetch=P)` (streams, its default; `stream=False` for the receive
+transport), in its loop body or, with `--handler`, in a handler (one at a time, the
+default `concurrency`), and records, for each message,
 when it reached the loop body minus when the producer made it (the body carries its send
 time, CLOCK_MONOTONIC, shared by the processes of this host). A run kept up when every
 message arrived within the run plus 2 s.
@@ -40,6 +41,7 @@ from zdmq import Client
 from zdmq.bench.driver import SystemSpec, open_driver
 from zdmq.bench.workloads import cpu_seconds, make_body, percentile, sent_at
 from zdmq.local import LocalCluster
+from zdmq.models import ReceivedMessage
 
 _CTX = mp.get_context("spawn")
 
@@ -102,7 +104,14 @@ async def _drive_peer(
 
 
 def _consume(
-    target: Target, queue: str, prefetch: int, stream: bool, n: int, limit_s: float, out: Any
+    target: Target,
+    queue: str,
+    prefetch: int,
+    stream: bool,
+    handler: bool,
+    n: int,
+    limit_s: float,
+    out: Any,
 ) -> None:
     async def main() -> list[float]:
         lat: list[float] = []
@@ -112,14 +121,22 @@ def _consume(
                     await _drive_peer(target, queue, prefetch, n, out, lat)
             return lat
         async with Client.from_config(target) as c:
-            consumer = c.consume(queue, prefetch=prefetch, stream=stream)
+
+            async def handle(msg: ReceivedMessage) -> None:
+                lat.append((time.monotonic() - sent_at(msg.body)) * 1e3)
+                if len(lat) >= n:
+                    consumer.stop()
+
+            if handler:
+                consumer = c.consume(queue, handle, prefetch=prefetch, stream=stream)
+            else:
+                consumer = c.consume(queue, prefetch=prefetch, stream=stream)
             out.put("ready")
             try:
                 async with asyncio.timeout(limit_s):
-                    async for msg in consumer:
-                        lat.append((time.monotonic() - sent_at(msg.body)) * 1e3)
-                        if len(lat) >= n:
-                            consumer.stop()
+                    async for item in consumer:
+                        if not handler:
+                            await handle(item)
             except TimeoutError:
                 pass
         return lat
@@ -133,8 +150,10 @@ def run(
     prefetch: int,
     seconds: float,
     transport: str = "receive",
+    handler: bool = False,
 ) -> dict[str, Any]:
-    """One row: `target` is zdmq's cluster (consumed by `transport`) or a peer's row."""
+    """One row: `target` is zdmq's cluster (consumed by `transport`, in the loop body or
+    by a handler) or a peer's row."""
     n = int(rate * seconds)
     queue = f"lat-{int(rate)}-{prefetch}-{time.monotonic_ns()}"
     where: Target = target if isinstance(target, SystemSpec) else str(target.config_path)
@@ -147,7 +166,7 @@ def run(
     go = _CTX.Event()
     stream = transport == "stream"
     consumer = _CTX.Process(
-        target=_consume, args=(where, queue, prefetch, stream, n, seconds + 10, out)
+        target=_consume, args=(where, queue, prefetch, stream, handler, n, seconds + 10, out)
     )
     confirms = _CTX.Queue()
     producer = _CTX.Process(target=_produce, args=(where, queue, rate, n, go, confirms))
@@ -215,6 +234,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--replication", type=int, default=3)
+    ap.add_argument(
+        "--handler",
+        action="store_true",
+        help="zdmq's consumer with a handler (one at a time, the default) instead of the loop body",
+    )
     ap.add_argument("--peers", help="peers.json of the running peers, or none")
     ap.add_argument("--only", nargs="+", help="only peer rows whose name contains one of these")
     args = ap.parse_args()
@@ -237,7 +261,7 @@ def main() -> None:
             for rate in args.rates:
                 for system, target, transport in rows:
                     for prefetch in args.prefetch:
-                        r = run(target, rate, prefetch, args.seconds, transport)
+                        r = run(target, rate, prefetch, args.seconds, transport, args.handler)
                         print(
                             f"| {r['rate']:g} | {system} | {transport} | {r['prefetch']} | "
                             f"{r['delivered']}/{r['sent']} | {r['p50']:.1f} | {r['p99']:.1f} | "
