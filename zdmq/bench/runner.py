@@ -1,7 +1,9 @@
 """`zdmq bench`: the benchmark workloads on zdmq and, when they run, on its peers.
 
-    zdmq bench                       # a 1-node fsync cluster; every workload but scale
-    zdmq bench --nodes 1 4 --durability fsync os --runs 3
+    zdmq bench                       # the shipped layout: 4 nodes, three copies, fsync;
+                                     # every workload but scale
+    zdmq bench --nodes 1 4 --replication 1 --durability fsync os --runs 3   # one copy
+    zdmq bench --nodes 1 4                                    # 1 node; 4 nodes, three copies
     zdmq bench --peers /tmp/zdmq-peers/peers.json   # + every peer loadtest/peers started
     zdmq bench --config cluster.yaml     # a cluster that is already running
     zdmq bench --workloads scale         # zdmq alone: depth, queue count, node count, idle
@@ -217,14 +219,20 @@ def main(argv: list[str] | None = None) -> int:
         help=f"workloads to run, or 'all' (default: {' '.join(DEFAULT_WORKLOADS)})",
     )
     ap.add_argument("--runs", type=int, default=1, help="runs; tables show medians")
-    ap.add_argument("--nodes", type=int, nargs="+", default=[1], help="cluster sizes to start")
+    ap.add_argument(
+        "--nodes",
+        type=int,
+        nargs="+",
+        default=[4],
+        help="cluster sizes to start (default: 4, as the shipped cluster.yaml)",
+    )
     ap.add_argument("--durability", nargs="+", default=["fsync"], choices=["fsync", "os"])
     ap.add_argument(
         "--replication",
         type=int,
         nargs="+",
-        default=[1],
-        help="copies of each message; several values start one cluster each (e.g. 1 3)",
+        help="copies of each message; several values start one cluster each (e.g. 1 3; "
+        "default: 3 on 3 nodes or more, as the shipped cluster.yaml, else 1)",
     )
     ap.add_argument("--config", help="bench this running cluster instead of starting one")
     ap.add_argument(
@@ -274,9 +282,15 @@ def main(argv: list[str] | None = None) -> int:
             ]
         else:
             print(f"bench: starting zdmq clusters: nodes {args.nodes}, {args.durability}")
-            systems = stack.enter_context(
-                zdmq_systems(args.nodes, args.durability, args.replication)
-            )
+            if args.replication is not None:
+                systems = stack.enter_context(
+                    zdmq_systems(args.nodes, args.durability, args.replication)
+                )
+            else:  # the shipped layout's three copies where the nodes allow
+                systems = []
+                for n in args.nodes:
+                    copies = 3 if n >= 3 else 1
+                    systems += stack.enter_context(zdmq_systems([n], args.durability, copies))
         peers_json = args.peers
         if peers_json is None:
             default = Path(os.environ.get("PEERS_DIR", "/tmp/zdmq-peers")) / "peers.json"
