@@ -132,7 +132,18 @@ async def test_zerohop_users_started_from_cluster_yaml_follow_a_grown_clusters_m
             raise AssertionError(f"{e}; the moves: {seen}; the nodes' logs: {logs}") from None
         m = await c.cluster_map()
     assert {g["members"][0] for g in m["groups"]} >= {"n5", "n6"}  # they lead some
+
+    async def handed_over() -> bool:
+        # Leadership follows the moves: each group's first member leads it, as every
+        # member sees it (the users' 5 s do not go into waiting out a hand-over).
+        for g in m["groups"]:
+            if set(await leaders(cluster, g["id"])) != {g["members"][0]}:
+                return False
+        return True
+
+    await wait_until(handed_over, timeout_s=60, what="each group led by its first member")
     run, final = await zerohop_users(cluster, tmp_path)
+    assert sum(e["num_requests"] for e in final) > 0, run.stderr[-3000:]
     failures = {e["name"]: e["num_failures"] for e in final if e["num_failures"]}
     assert not failures, f"{failures}\n{run.stderr[-3000:]}"
     assert run.returncode == 0, run.stderr[-3000:]
