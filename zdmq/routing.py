@@ -156,10 +156,6 @@ class GroupRouter:
                     raise
             else:
                 self._suspect.pop(target, None)
-                # A member that took a call for its group leads it (the others refuse
-                # with 421): the next call goes there first, also once the members that
-                # failed are no longer suspect.
-                self._hints[group] = target
                 return result
         assert last is not None
         raise last

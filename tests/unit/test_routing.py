@@ -95,27 +95,3 @@ async def test_a_silent_member_is_left_out_while_the_others_elect_and_tried_in_t
     # A group whose members are all silent is tried as it is, from its first member.
     send, sent = scripted({"n1": [], "n2": [], "n3": []})
     assert await GroupRouter(MEMBERS, silent=lambda n: True).call("n1", send) == "n1"
-
-
-async def test_the_member_that_answered_is_asked_first_once_the_dead_one_is_no_longer_suspect(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # n1, group n1's first member, died with its port held open: a call sent there waits
-    # out its timeout (a sent NodeUnavailable). n2 was elected and answers.
-    router = GroupRouter(MEMBERS)
-    send, sent = scripted({"n1": ["hung"], "n2": [], "n3": []})
-
-    async def send_or_hang(node: str) -> object:
-        if node == "n1":
-            sent.append(node)
-            raise NodeUnavailable("n1: no reply within the call's timeout")
-        return await send(node)
-
-    assert await router.call("n1", send_or_hang) == "n2"
-    assert sent == ["n1", "n2"]
-    # Long after: n1 is no longer suspect, and a pop (sent once) still goes to n2.
-    real = time.monotonic
-    monkeypatch.setattr(routing.time, "monotonic", lambda: real() + 60)
-    sent.clear()
-    assert await router.call("n1", send_or_hang, once=True) == "n2"
-    assert sent == ["n2"]
